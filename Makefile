@@ -1,0 +1,56 @@
+# ipvsproxy developer entry points. `make test` sets up everything it needs on a fresh
+# Debian machine (apt packages, venv, editable install) and does nothing twice.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+APT_STAMP := $(VENV)/.apt-stamp
+PYTEST_ARGS ?=
+
+.PHONY: all setup test test-host test-kernel lint fmt demo bench clean
+
+all: test
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(APT_STAMP): lab/install-host-packages.sh | $(VENV)/bin/python
+	sh lab/install-host-packages.sh
+	touch $@
+
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+setup: $(APT_STAMP) $(STAMP)
+
+# The whole suite: host tests first, then the kernel-lab tests in one guest boot.
+# --lab-no-skips makes any skipped test a failure: where the lab can boot nothing may skip.
+test: setup
+	$(PY) -m pytest --lab-no-skips $(PYTEST_ARGS)
+
+test-host: setup
+	$(PY) -m pytest -m 'not kernel' $(PYTEST_ARGS)
+
+test-kernel: setup
+	$(PY) -m pytest --lab-no-skips -m kernel $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+fmt: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+demo: setup
+	@echo "make demo: not implemented yet (issue 5)" >&2; exit 2
+
+bench: setup
+	@echo "make bench: not implemented yet (issue 6)" >&2; exit 2
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

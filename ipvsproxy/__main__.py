@@ -1,0 +1,5 @@
+"""Allow ``python -m ipvsproxy``."""
+
+from ipvsproxy.cli import main
+
+raise SystemExit(main())
