@@ -154,6 +154,8 @@ def guest_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
         "PYTHONDONTWRITEBYTECODE": "1",
         "LAB_IN_GUEST": "1",
         "LAB_REPO": str(REPO),
+        # lab/ is not installed in the venv (it is not part of the wheel).
+        "PYTHONPATH": str(REPO),
     }
     if sys.prefix != sys.base_prefix:
         env["VIRTUAL_ENV"] = sys.prefix

@@ -1,0 +1,101 @@
+"""Network namespaces from inside one Python process.
+
+A socket belongs to the network namespace it was created in, whatever the creating thread does
+next. So the lab makes sockets in any namespace by switching the calling thread into it for the
+``socket()`` call only, instead of forking ``ip netns exec`` (about 25 ms a process in the
+guest) for every request a test sends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import json
+import os
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+RequestFn = Callable[..., dict[str, Any]]
+
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = Path("/run/netns")
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+@contextlib.contextmanager
+def entered(netns: str | None) -> Iterator[None]:
+    """Run the body with this thread in ``netns`` (None: stay where we are)."""
+    if netns is None:
+        yield
+        return
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(NETNS_DIR / netns, os.O_RDONLY)
+        try:
+            _setns(target)
+        finally:
+            os.close(target)
+        try:
+            yield
+        finally:
+            _setns(own)
+    finally:
+        os.close(own)
+
+
+def make_socket(netns: str | None, kind: int, family: int = socket.AF_INET) -> socket.socket:
+    with entered(netns):
+        return socket.socket(family, kind)
+
+
+def write_sysctl(netns: str | None, name: str, value: str) -> None:
+    """Set a per-namespace sysctl: /proc/sys/net is resolved in the opener's namespace."""
+    path = Path("/proc/sys") / name.replace(".", "/")
+    with entered(netns):
+        path.write_text(value)
+
+
+def read_sysctl(netns: str | None, name: str) -> str:
+    path = Path("/proc/sys") / name.replace(".", "/")
+    with entered(netns):
+        return path.read_text().strip()
+
+
+def tcp_request(
+    netns: str | None, host: str, port: int, payload: bytes = b"hello\n", timeout: float = 5.0
+) -> dict[str, Any]:
+    """Connect from ``netns`` and return the echo server's JSON answer."""
+    with make_socket(netns, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect((host, port))
+        sock.sendall(payload)
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    answer: dict[str, Any] = json.loads(data)
+    return answer
+
+
+def udp_request(
+    netns: str | None, host: str, port: int, payload: bytes = b"hello\n", timeout: float = 5.0
+) -> dict[str, Any]:
+    with make_socket(netns, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect((host, port))
+        sock.send(payload)
+        data = sock.recv(65536)
+    answer: dict[str, Any] = json.loads(data)
+    return answer
