@@ -11,6 +11,7 @@ costs seconds in the guest.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import selectors
 import socket
@@ -20,7 +21,9 @@ from collections.abc import Sequence
 from lab.netns import make_socket
 
 
-def answer(name: str, proto: str, client: tuple[str, int], server: tuple[str, int], data: bytes) -> bytes:
+def answer(
+    name: str, proto: str, client: tuple[str, int], server: tuple[str, int], data: bytes
+) -> bytes:
     body = {
         "pod": name,
         "proto": proto,
@@ -96,10 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not sep or not name or not netns:
             parser.error(f"bad target {spec!r}: expected NAME=NETNS")
         targets.append((name, netns))
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         serve(targets, args.port)
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

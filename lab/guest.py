@@ -8,6 +8,7 @@ is reported as a failure that carries the tail of its console.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import shlex
 import shutil
@@ -129,8 +130,7 @@ class GuestResult:
 def kernel_release() -> str:
     if not KERNEL.exists():
         raise LabUnavailable(
-            f"{KERNEL} not found: install the Debian package user-mode-linux "
-            "(make setup does this)"
+            f"{KERNEL} not found: install the Debian package user-mode-linux (make setup does this)"
         )
     releases = sorted(p.name for p in UML_MODULES.iterdir()) if UML_MODULES.is_dir() else []
     if not releases:
@@ -330,8 +330,6 @@ def _memory_dir(run_dir: Path) -> str:
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     # UML runs as several host processes; they share the session we gave it.
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()

@@ -146,7 +146,7 @@ class GuestSession:
                 failure = result.describe()
             elif result.rc not in (0, 1):  # 1 is "some tests failed", already reported
                 failure = f"pytest in the guest exited with status {result.rc}"
-        except Exception as exc:  # noqa: BLE001 - any failure to boot fails the kernel tests
+        except Exception as exc:  # any failure to boot fails the kernel tests
             failure = f"the lab guest could not run: {exc}"
         with self.cond:
             self.failure = failure
@@ -248,7 +248,9 @@ class SkipGuard:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.skipped and self.config.getoption("--lab-no-skips"):
-            terminalreporter.write_sep("=", "skipped tests fail this run (--lab-no-skips)", red=True)
+            terminalreporter.write_sep(
+                "=", "skipped tests fail this run (--lab-no-skips)", red=True
+            )
             for nodeid in self.skipped:
                 terminalreporter.write_line(f"SKIPPED is a failure here: {nodeid}")
 

@@ -66,9 +66,12 @@ def test_ipvs_is_per_node(lab_cluster: Cluster) -> None:
     try:
         assert "10.96.7.7:80" in _ipvs_table(lab_cluster, n1)
         assert "10.96.7.7:80" not in _ipvs_table(lab_cluster, n2)
-        assert "10.96.7.7:80" not in subprocess.run(
-            ["ipvsadm", "-Ln"], capture_output=True, text=True, check=True
-        ).stdout
+        assert (
+            "10.96.7.7:80"
+            not in subprocess.run(
+                ["ipvsadm", "-Ln"], capture_output=True, text=True, check=True
+            ).stdout
+        )
     finally:
         lab_cluster.exec(n1, "ipvsadm", "-D", "-t", "10.96.7.7:80")
 

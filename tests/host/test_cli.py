@@ -1,0 +1,46 @@
+"""The ipvsproxy command line: help and version work; unfinished commands fail loudly."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ipvsproxy import __version__, cli
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["version"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"ipvsproxy {__version__} ")
+    assert __version__ != "0.0.0+unknown"  # the package is installed, metadata is found
+
+
+def test_help_lists_every_subcommand() -> None:
+    exe = shutil.which("ipvsproxy", path=str(Path(sys.executable).parent))
+    assert exe, "console script ipvsproxy is not installed in the venv"
+    proc = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True)
+    for name in ("run", "status", "cleanup", "version"):
+        assert name in proc.stdout
+
+
+@pytest.mark.parametrize("command", ["run", "status", "cleanup"])
+def test_unfinished_commands_exit_2_with_a_clear_message(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([command]) == 2
+    assert "not implemented yet" in capsys.readouterr().err
+
+
+def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert "usage" in capsys.readouterr().err
+
+
+def test_unknown_command_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["frobnicate"])
+    assert exc.value.code == 2
