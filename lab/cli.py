@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from lab import guest
+from lab.topology import UNDERLAY_BRIDGE
+
+POD_ECHO_PORT = 8080
+NODE_ECHO_PORT = 9090
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -27,6 +34,63 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return result.rc
 
 
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    from lab import netns
+    from lab.topology import Cluster, TopologyError
+
+    if not Path("/proc/net/ip_vs").exists():
+        print(
+            "lab cluster: this kernel has no IPVS; run it in the lab guest:\n"
+            "  python -m lab run -- python -m lab cluster ...",
+            file=sys.stderr,
+        )
+        return 2
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    try:
+        cluster = Cluster.build(nodes=args.nodes, pods_per_node=args.pods)
+    except (TopologyError, ValueError) as exc:
+        print(f"lab cluster: {exc}", file=sys.stderr)
+        return 2
+    try:
+        cluster.start_pod_echo(port=POD_ECHO_PORT)
+        cluster.start_echo(((n.name, n.netns) for n in cluster.nodes), port=NODE_ECHO_PORT)
+        _print_topology(cluster)
+        if command:
+            return subprocess.run(command).returncode
+        return _check_connectivity(cluster, netns.tcp_request)
+    finally:
+        cluster.destroy()
+
+
+def _print_topology(cluster: Any) -> None:
+    print(f"underlay {UNDERLAY_BRIDGE} {cluster.apiserver_ip}/24 (guest root namespace)")
+    for node in cluster.nodes:
+        print(f"{node.name:10} {node.ip:15} pods {node.pod_cidr} via cni0 {node.gateway}")
+        for pod in node.pods:
+            print(f"  {pod.name:10} {pod.ip:15} echo tcp+udp :{POD_ECHO_PORT}")
+    print(f"{cluster.external.name:10} {cluster.external.ip:15} (not a node)")
+
+
+def _check_connectivity(cluster: Any, request: Any) -> int:
+    failures = 0
+    for client in cluster.pods:
+        for server in cluster.pods:
+            try:
+                got = request(client.netns, server.ip, POD_ECHO_PORT, timeout=2.0)["pod"]
+            except OSError as exc:
+                got = f"error: {exc}"
+            ok = got == server.name
+            failures += not ok
+            print(
+                f"{client.name} -> {server.ip}:{POD_ECHO_PORT} answered by {got}"
+                f"{'' if ok else '  <-- WRONG'}"
+            )
+    print("connectivity ok" if not failures else f"connectivity: {failures} failures")
+    return 0 if not failures else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lab", description=__doc__)
     sub = parser.add_subparsers(dest="what", metavar="COMMAND", required=True)
@@ -41,6 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mem", default="1G", help="guest memory (default 1G)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     run.set_defaults(func=_cmd_run)
+    cluster = sub.add_parser(
+        "cluster",
+        help="(inside the guest) build the node/pod topology, run CMD in it, tear it down",
+        description="Build N node namespaces on an underlay bridge with M pods each, echo "
+        f"servers on port {POD_ECHO_PORT} in every pod and {NODE_ECHO_PORT} in every node, "
+        "then run CMD (or check pod-to-pod connectivity) and tear everything down.",
+    )
+    cluster.add_argument("--nodes", type=int, default=3)
+    cluster.add_argument("--pods", type=int, default=2, help="pods per node")
+    cluster.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    cluster.set_defaults(func=_cmd_cluster)
     return parser
 
 

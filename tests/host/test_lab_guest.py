@@ -130,3 +130,18 @@ def test_console_parser_notices_a_panic() -> None:
     console.feed(b"Kernel panic - not syncing: sysrq triggered crash\n")
     assert console.rc is None
     assert console.panic is not None and "sysrq" in console.panic
+
+
+def test_cluster_command_builds_a_working_topology() -> None:
+    proc = lab_run("--", "python", "-m", "lab", "cluster", "--nodes", "2", "--pods", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "pod-1-1 -> 10.244.2.11:8080 answered by pod-2-1" in proc.stdout
+    assert "connectivity ok" in proc.stdout
+
+
+def test_cluster_command_refuses_to_run_outside_the_guest() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab", "cluster"], cwd=REPO, capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert "python -m lab run" in proc.stderr
