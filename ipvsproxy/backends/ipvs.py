@@ -1,0 +1,97 @@
+"""IPVS over generic netlink: batched writes, lean dumps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ipvsproxy.backends.errors import ApplyError, Rejected
+from ipvsproxy.diff import DestOp, OpKind, ServiceOp
+from ipvsproxy.model import DestKey, ObservedDest, ServiceKey, VirtualServer
+from ipvsproxy.netlink import ipvs_messages as m
+from ipvsproxy.netlink.sock import NETLINK_GENERIC, NetlinkSocket, resolve_family
+
+
+@dataclass
+class Counters:
+    """Write operations by kind and outcome, for metrics and for tests that count them."""
+
+    ok: dict[str, int] = field(default_factory=dict)
+    failed: dict[str, int] = field(default_factory=dict)
+
+    def count(self, kind: str, ok: bool) -> None:
+        bucket = self.ok if ok else self.failed
+        bucket[kind] = bucket.get(kind, 0) + 1
+
+    @property
+    def writes(self) -> int:
+        return sum(self.ok.values()) + sum(self.failed.values())
+
+
+class IPVS:
+    def __init__(self) -> None:
+        self.sock = NetlinkSocket(NETLINK_GENERIC)
+        self.encoder = m.Encoder(resolve_family(self.sock, m.GENL_NAME))
+        self.counters = Counters()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def services(self) -> dict[ServiceKey, VirtualServer]:
+        seq = self.sock.next_seq()
+        found: dict[ServiceKey, VirtualServer] = {}
+        for msg in self.sock.dump(self.encoder.dump_services(seq), seq):
+            vs = m.parse_service(msg)
+            if vs is not None:
+                found[vs.key] = vs
+        return found
+
+    def dests(self, key: ServiceKey) -> dict[DestKey, ObservedDest]:
+        seq = self.sock.next_seq()
+        family = m.family_of(key)
+        found: dict[DestKey, ObservedDest] = {}
+        for msg in self.sock.dump(self.encoder.dump_dests(seq, key), seq):
+            dest = m.parse_dest(msg, family)
+            if dest is not None:
+                found[dest.server.key] = dest
+        return found
+
+    def _encode(self, seq: int, op: ServiceOp | DestOp) -> bytes:
+        enc = self.encoder
+        if isinstance(op, ServiceOp):
+            if op.kind is OpKind.ADD:
+                return enc.new_service(seq, op.server)
+            if op.kind is OpKind.SET:
+                return enc.set_service(seq, op.server)
+            return enc.del_service(seq, op.server.key)
+        if op.kind is OpKind.ADD:
+            return enc.new_dest(seq, op.service, op.server)
+        if op.kind is OpKind.SET:
+            return enc.set_dest(seq, op.service, op.server)
+        return enc.del_dest(seq, op.service, op.server.key)
+
+    def apply(self, ops: Sequence[ServiceOp | DestOp]) -> int:
+        """Apply in order, batched; raise ApplyError naming every rejected operation."""
+        if not ops:
+            return 0
+        requests = []
+        for op in ops:
+            seq = self.sock.next_seq()
+            requests.append((seq, self._encode(seq, op)))
+        outcomes = self.sock.execute(requests)
+        rejected = []
+        for op, outcome in zip(ops, outcomes, strict=True):
+            kind = f"{op.kind}_{'service' if isinstance(op, ServiceOp) else 'dest'}"
+            self.counters.count(kind, outcome.ok)
+            if not outcome.ok:
+                rejected.append(Rejected(str(op), outcome.errno))
+        if rejected:
+            raise ApplyError(rejected, len(ops) - len(rejected))
+        return len(ops)
+
+    def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
+        seq = self.sock.next_seq()
+        (outcome,) = self.sock.execute([(seq, self.encoder.set_config(seq, tcp, tcp_fin, udp))])
+        self.counters.count("set_config", outcome.ok)
+        if not outcome.ok:
+            raise ApplyError([Rejected("set IPVS timeouts", outcome.errno)], 0)

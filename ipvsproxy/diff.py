@@ -1,0 +1,135 @@
+"""Compare desired with observed dataplane state and yield the fewest operations that converge.
+
+Pure: the observed state comes in as values (read back from the kernel by a backend), and so do
+the facts about time that graceful termination needs, so every decision here is testable
+without a kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ipvsproxy.model import (
+    DestKey,
+    ObservedDest,
+    Protocol,
+    RealServer,
+    ServiceKey,
+    VirtualServer,
+)
+
+
+class OpKind(StrEnum):
+    ADD = "add"
+    SET = "set"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceOp:
+    kind: OpKind
+    server: VirtualServer
+
+    def __str__(self) -> str:
+        return f"{self.kind} virtual server {self.server.key}"
+
+
+@dataclass(frozen=True, slots=True)
+class DestOp:
+    kind: OpKind
+    service: ServiceKey
+    server: RealServer
+
+    def __str__(self) -> str:
+        return f"{self.kind} real server {self.server.key} of {self.service}"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberOp:
+    kind: OpKind  # ADD or DELETE
+    set_name: str
+    entry: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.entry} in ipset {self.set_name}"
+
+
+@dataclass(frozen=True, slots=True)
+class AddressOp:
+    kind: OpKind  # ADD or DELETE
+    address: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} address {self.address}"
+
+
+def diff_services(
+    desired: Mapping[ServiceKey, VirtualServer],
+    observed: Mapping[ServiceKey, VirtualServer],
+    owned: Callable[[ServiceKey], bool],
+    keys: Iterable[ServiceKey] | None = None,
+) -> list[ServiceOp]:
+    """Virtual server operations; ``keys`` limits the comparison to what changed.
+
+    An observed virtual server that is not desired is deleted only if ``owned`` says it is
+    ours: someone else's virtual servers on the same node are never touched.
+    """
+    ops: list[ServiceOp] = []
+    for key in sorted(set(desired) | set(observed)) if keys is None else keys:
+        want, have = desired.get(key), observed.get(key)
+        if want is not None and have is None:
+            ops.append(ServiceOp(OpKind.ADD, want))
+        elif want is not None and have is not None and not want.same_settings(have):
+            ops.append(ServiceOp(OpKind.SET, want))
+        elif want is None and have is not None and owned(key):
+            ops.append(ServiceOp(OpKind.DELETE, have))
+    return ops
+
+
+def diff_dests(
+    service: ServiceKey,
+    desired: Mapping[DestKey, RealServer],
+    observed: Mapping[DestKey, ObservedDest],
+    expired: Collection[DestKey] = (),
+) -> list[DestOp]:
+    """Real server operations for one virtual server, with graceful termination.
+
+    A TCP or SCTP real server that is no longer wanted is first set to weight 0, so it keeps
+    its established connections and gets no new ones; it is deleted once it has none, or when
+    the caller says its grace period ``expired``. UDP has no connection to drain: a UDP real
+    server goes at once (the caller then clears its conntrack entries).
+    """
+    ops: list[DestOp] = []
+    for key in sorted(set(desired) | set(observed)):
+        want, have = desired.get(key), observed.get(key)
+        if want is not None:
+            if have is None:
+                ops.append(DestOp(OpKind.ADD, service, want))
+            elif not want.same_settings(have.server):
+                ops.append(DestOp(OpKind.SET, service, want))
+            continue
+        assert have is not None
+        if service.protocol is Protocol.UDP or have.stats.idle or key in expired:
+            ops.append(DestOp(OpKind.DELETE, service, have.server))
+        elif have.server.weight != 0:
+            drained = RealServer(key, weight=0, fwd_method=have.server.fwd_method)
+            ops.append(DestOp(OpKind.SET, service, drained))
+    return ops
+
+
+def diff_members(
+    set_name: str, desired: Collection[str], observed: Collection[str]
+) -> list[MemberOp]:
+    ops = [MemberOp(OpKind.ADD, set_name, e) for e in sorted(set(desired) - set(observed))]
+    ops += [MemberOp(OpKind.DELETE, set_name, e) for e in sorted(set(observed) - set(desired))]
+    return ops
+
+
+def diff_addresses(
+    desired: Collection[str], observed: Collection[str], owned: Callable[[str], bool]
+) -> list[AddressOp]:
+    ops = [AddressOp(OpKind.ADD, a) for a in sorted(set(desired) - set(observed))]
+    ops += [AddressOp(OpKind.DELETE, a) for a in sorted(set(observed) - set(desired)) if owned(a)]
+    return ops

@@ -1,0 +1,129 @@
+"""The dataplane's vocabulary: what a node's kernel holds for Services, as plain values.
+
+Everything here is immutable and hashable so that desired and observed state can be compared
+key by key, and so that the planner (pure) and the backends (I/O) share one language without
+either importing the other. Addresses are strings in their canonical form; nothing here assumes
+an address family.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Protocol(StrEnum):
+    TCP = "TCP"
+    UDP = "UDP"
+    SCTP = "SCTP"
+
+    @property
+    def number(self) -> int:
+        return _IPPROTO[self]
+
+    @classmethod
+    def from_number(cls, number: int) -> Protocol:
+        for proto, num in _IPPROTO.items():
+            if num == number:
+                return proto
+        raise ValueError(f"unsupported IP protocol number {number}")
+
+
+_IPPROTO = {Protocol.TCP: 6, Protocol.UDP: 17, Protocol.SCTP: 132}
+
+# IPVS service flags that userspace sets (the kernel adds IP_VS_SVC_F_HASHED itself).
+SVC_F_PERSISTENT = 0x0001
+SVC_F_HASHED = 0x0002
+USER_FLAGS_MASK = 0xFFFFFFFF & ~SVC_F_HASHED
+
+# Forwarding methods (IP_VS_CONN_F_*); kube-proxy uses masquerade (NAT).
+FWD_MASQ = 0
+FWD_LOCALNODE = 1
+FWD_TUNNEL = 2
+FWD_DROUTE = 3
+
+
+def canonical_ip(text: str) -> str:
+    """One spelling per address, so keys from the API and from the kernel compare equal."""
+    return str(ipaddress.ip_address(text))
+
+
+def is_ipv6(address: str) -> bool:
+    return ":" in address
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ServiceKey:
+    """The identity of an IPVS virtual server."""
+
+    address: str
+    protocol: Protocol
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.address}]" if is_ipv6(self.address) else self.address
+        return f"{self.protocol.value} {host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualServer:
+    key: ServiceKey
+    scheduler: str = "rr"
+    flags: int = 0
+    timeout: int = 0  # persistence, seconds; only with SVC_F_PERSISTENT
+    netmask: int = -1  # persistence granularity as a prefix length; -1: a single host
+
+    @property
+    def prefix_len(self) -> int:
+        if self.netmask >= 0:
+            return self.netmask
+        return 128 if is_ipv6(self.key.address) else 32
+
+    def same_settings(self, other: VirtualServer) -> bool:
+        """Whether ``other`` (typically read back from the kernel) needs no update to be this."""
+        return (
+            self.scheduler == other.scheduler
+            and (self.flags & USER_FLAGS_MASK) == (other.flags & USER_FLAGS_MASK)
+            and self.timeout == other.timeout
+            and self.prefix_len == other.prefix_len
+        )
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class DestKey:
+    address: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.address}]" if is_ipv6(self.address) else self.address
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class RealServer:
+    key: DestKey
+    weight: int = 1
+    fwd_method: int = FWD_MASQ
+
+    def same_settings(self, other: RealServer) -> bool:
+        return self.weight == other.weight and self.fwd_method == other.fwd_method
+
+
+@dataclass(frozen=True, slots=True)
+class DestStats:
+    """Connection counters the kernel reports for a real server (observed only)."""
+
+    active: int = 0
+    inactive: int = 0
+    persistent: int = 0
+
+    @property
+    def idle(self) -> bool:
+        return self.active == 0 and self.inactive == 0
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedDest:
+    server: RealServer
+    stats: DestStats = field(default_factory=DestStats)
