@@ -1,0 +1,82 @@
+"""The dummy device kube-ipvs0 and the service addresses bound to it; the node's addresses."""
+
+from __future__ import annotations
+
+import errno
+import socket
+from collections.abc import Sequence
+
+from ipvsproxy.backends.errors import ApplyError, Rejected
+from ipvsproxy.backends.ipvs import Counters
+from ipvsproxy.diff import AddressOp, OpKind
+from ipvsproxy.netlink import rtnl_messages as r
+from ipvsproxy.netlink.sock import NETLINK_ROUTE, NetlinkSocket
+
+DUMMY_DEVICE = "kube-ipvs0"
+
+
+class Addresses:
+    def __init__(self, device: str = DUMMY_DEVICE) -> None:
+        self.device = device
+        self.sock = NetlinkSocket(NETLINK_ROUTE)
+        self.counters = Counters()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def ensure_device(self) -> int:
+        """Create the dummy device if missing (down, as upstream keeps it); return its index."""
+        try:
+            return socket.if_nametoindex(self.device)
+        except OSError:
+            pass
+        from pyroute2 import IPRoute  # rare operation: pyroute2's cost does not matter here
+
+        with IPRoute() as ipr:
+            try:
+                ipr.link("add", ifname=self.device, kind="dummy")
+            except Exception as exc:  # pyroute2 raises NetlinkError
+                if getattr(exc, "code", None) != errno.EEXIST:
+                    raise
+        self.counters.count("add_device", True)
+        return socket.if_nametoindex(self.device)
+
+    def device_index(self) -> int | None:
+        try:
+            return socket.if_nametoindex(self.device)
+        except OSError:
+            return None
+
+    def all_addresses(self) -> list[r.InterfaceAddress]:
+        seq = self.sock.next_seq()
+        found = []
+        for msg in self.sock.dump(r.dump_addresses(seq), seq):
+            addr = r.parse_address(msg)
+            if addr is not None:
+                found.append(addr)
+        return found
+
+    def bound(self) -> set[str]:
+        """Addresses on the dummy device."""
+        index = self.device_index()
+        if index is None:
+            return set()
+        return {a.address for a in self.all_addresses() if a.ifindex == index}
+
+    def apply(self, ops: Sequence[AddressOp]) -> int:
+        if not ops:
+            return 0
+        index = self.ensure_device()
+        requests = []
+        for op in ops:
+            seq = self.sock.next_seq()
+            build = r.add_address if op.kind is OpKind.ADD else r.del_address
+            requests.append((seq, build(seq, index, op.address)))
+        rejected = []
+        for op, outcome in zip(ops, self.sock.execute(requests), strict=True):
+            self.counters.count(f"{op.kind}_address", outcome.ok)
+            if not outcome.ok:
+                rejected.append(Rejected(f"{op} on {self.device}", outcome.errno))
+        if rejected:
+            raise ApplyError(rejected, len(ops) - len(rejected))
+        return len(ops)

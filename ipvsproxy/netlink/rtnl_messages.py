@@ -1,0 +1,75 @@
+"""rtnetlink address messages (RTM_NEWADDR / DELADDR / GETADDR), built and parsed with struct.
+
+A cold sync binds one address per Service to kube-ipvs0: thousands of them, so they go in
+batches like the IPVS messages do.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from dataclasses import dataclass
+
+from ipvsproxy.model import is_ipv6
+from ipvsproxy.netlink import codec
+
+RTM_NEWADDR = 20
+RTM_DELADDR = 21
+RTM_GETADDR = 22
+IFA_ADDRESS = 1
+IFA_LOCAL = 2
+IFA_LABEL = 3
+NLM_F_CREATE = 0x400
+NLM_F_EXCL = 0x200
+RT_SCOPE_UNIVERSE = 0
+RT_SCOPE_HOST = 254
+
+_NLMSGHDR = struct.Struct("=IHHII")
+_IFADDRMSG = struct.Struct("=BBBBI")
+
+
+@dataclass(frozen=True, slots=True)
+class InterfaceAddress:
+    ifindex: int
+    address: str
+    prefixlen: int
+    scope: int
+
+
+def _message(kind: int, seq: int, flags: int, body: bytes) -> bytes:
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags, seq, 0) + body
+
+
+def _ifaddr(ifindex: int, address: str) -> bytes:
+    family = socket.AF_INET6 if is_ipv6(address) else socket.AF_INET
+    raw = socket.inet_pton(family, address)
+    prefix = 128 if family == socket.AF_INET6 else 32
+    head = _IFADDRMSG.pack(family, prefix, 0, RT_SCOPE_UNIVERSE, ifindex)
+    return head + codec.attr(IFA_LOCAL, raw) + codec.attr(IFA_ADDRESS, raw)
+
+
+def add_address(seq: int, ifindex: int, address: str) -> bytes:
+    flags = codec.NLM_F_REQUEST | codec.NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+    return _message(RTM_NEWADDR, seq, flags, _ifaddr(ifindex, address))
+
+
+def del_address(seq: int, ifindex: int, address: str) -> bytes:
+    flags = codec.NLM_F_REQUEST | codec.NLM_F_ACK
+    return _message(RTM_DELADDR, seq, flags, _ifaddr(ifindex, address))
+
+
+def dump_addresses(seq: int, family: int = socket.AF_UNSPEC) -> bytes:
+    flags = codec.NLM_F_REQUEST | codec.NLM_F_DUMP
+    return _message(RTM_GETADDR, seq, flags, _IFADDRMSG.pack(family, 0, 0, 0, 0))
+
+
+def parse_address(msg: codec.Message) -> InterfaceAddress | None:
+    if msg.type != RTM_NEWADDR:
+        return None
+    family, prefixlen, _flags, scope, ifindex = _IFADDRMSG.unpack_from(msg.data, msg.start)
+    attrs = codec.attrs_of(msg.data, msg.start + _IFADDRMSG.size, msg.end)
+    span = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)
+    if span is None or family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    address = socket.inet_ntop(family, codec.get_bytes(msg.data, span))
+    return InterfaceAddress(ifindex, address, prefixlen, scope)

@@ -1,0 +1,63 @@
+"""Service addresses on kube-ipvs0, in batches, against the real kernel."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from ipvsproxy.backends.addresses import Addresses
+from ipvsproxy.backends.errors import ApplyError
+from ipvsproxy.diff import AddressOp, OpKind
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture
+def addresses() -> Iterator[Addresses]:
+    backend = Addresses()
+    try:
+        yield backend
+    finally:
+        backend.close()
+        subprocess.run(["ip", "link", "del", "kube-ipvs0"], capture_output=True)
+
+
+def test_device_is_created_and_addresses_bound_in_a_batch(addresses: Addresses) -> None:
+    assert addresses.device_index() is None
+    wanted = [f"10.96.{i // 200}.{i % 200 + 1}" for i in range(400)]
+    addresses.apply([AddressOp(OpKind.ADD, a) for a in wanted])
+    assert addresses.sock.sends <= 4
+    out = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show", "dev", "kube-ipvs0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert len(out.splitlines()) == 400
+    assert "inet 10.96.1.200/32" in out
+    assert addresses.bound() == set(wanted)
+    link = subprocess.run(
+        ["ip", "-d", "link", "show", "kube-ipvs0"], capture_output=True, text=True
+    )
+    assert "dummy" in link.stdout
+    addresses.apply([AddressOp(OpKind.DELETE, a) for a in wanted[:100]])
+    assert addresses.bound() == set(wanted[100:])
+
+
+def test_rejected_address_operations_are_named(addresses: Addresses) -> None:
+    addresses.apply([AddressOp(OpKind.ADD, "10.96.5.5")])
+    with pytest.raises(ApplyError) as exc:
+        addresses.apply(
+            [
+                AddressOp(OpKind.ADD, "10.96.5.5"),  # exists
+                AddressOp(OpKind.ADD, "10.96.5.6"),
+                AddressOp(OpKind.DELETE, "10.96.5.7"),  # not there
+            ]
+        )
+    assert exc.value.applied == 1
+    text = str(exc.value)
+    assert "add address 10.96.5.5 on kube-ipvs0" in text
+    assert "delete address 10.96.5.7 on kube-ipvs0" in text
+    assert addresses.bound() == {"10.96.5.5", "10.96.5.6"}
