@@ -1,0 +1,105 @@
+"""The ipsets ipvsproxy owns: upstream kube-proxy's IPVS-mode names, types and comments.
+
+Keeping upstream's names means an operator's `ipset list KUBE-CLUSTER-IP` and existing
+runbooks still apply on a node that runs ipvsproxy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class IPSetSpec:
+    name: str
+    type: str
+    comment: str
+
+
+LOOP_BACK = "KUBE-LOOP-BACK"
+CLUSTER_IP = "KUBE-CLUSTER-IP"
+EXTERNAL_IP = "KUBE-EXTERNAL-IP"
+EXTERNAL_IP_LOCAL = "KUBE-EXTERNAL-IP-LOCAL"
+LOAD_BALANCER = "KUBE-LOAD-BALANCER"
+LOAD_BALANCER_LOCAL = "KUBE-LOAD-BALANCER-LOCAL"
+LOAD_BALANCER_FW = "KUBE-LOAD-BALANCER-FW"
+LOAD_BALANCER_SOURCE_CIDR = "KUBE-LOAD-BALANCER-SOURCE-CIDR"
+LOAD_BALANCER_SOURCE_IP = "KUBE-LOAD-BALANCER-SOURCE-IP"
+NODE_PORT_TCP = "KUBE-NODE-PORT-TCP"
+NODE_PORT_LOCAL_TCP = "KUBE-NODE-PORT-LOCAL-TCP"
+NODE_PORT_UDP = "KUBE-NODE-PORT-UDP"
+NODE_PORT_LOCAL_UDP = "KUBE-NODE-PORT-LOCAL-UDP"
+NODE_PORT_SCTP = "KUBE-NODE-PORT-SCTP-HASH"
+NODE_PORT_LOCAL_SCTP = "KUBE-NODE-PORT-LOCAL-SCTP-HASH"
+HEALTH_CHECK_NODE_PORT = "KUBE-HEALTH-CHECK-NODE-PORT"
+IPVS_IPS = "KUBE-IPVS-IPS"
+
+_IP_PORT = "hash:ip,port"
+_BITMAP = "bitmap:port"
+
+SPECS: tuple[IPSetSpec, ...] = (
+    IPSetSpec(
+        LOOP_BACK,
+        "hash:ip,port,ip",
+        "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose",
+    ),
+    IPSetSpec(CLUSTER_IP, _IP_PORT, "Kubernetes service cluster ip + port for masquerade purpose"),
+    IPSetSpec(
+        EXTERNAL_IP,
+        _IP_PORT,
+        "Kubernetes service external ip + port for masquerade and filter purpose",
+    ),
+    IPSetSpec(
+        EXTERNAL_IP_LOCAL,
+        _IP_PORT,
+        "Kubernetes service external ip + port with externalTrafficPolicy=local",
+    ),
+    IPSetSpec(LOAD_BALANCER, _IP_PORT, "Kubernetes service lb portal"),
+    IPSetSpec(
+        LOAD_BALANCER_LOCAL,
+        _IP_PORT,
+        "Kubernetes service load balancer ip + port with externalTrafficPolicy=local",
+    ),
+    IPSetSpec(
+        LOAD_BALANCER_FW,
+        _IP_PORT,
+        "Kubernetes service load balancer ip + port for load balancer with sourceRange",
+    ),
+    IPSetSpec(
+        LOAD_BALANCER_SOURCE_CIDR,
+        "hash:ip,port,net",
+        "Kubernetes service load balancer ip + port + source cidr for packet filter purpose",
+    ),
+    IPSetSpec(
+        LOAD_BALANCER_SOURCE_IP,
+        "hash:ip,port,ip",
+        "Kubernetes service load balancer ip + port + source IP for packet filter purpose",
+    ),
+    IPSetSpec(NODE_PORT_TCP, _BITMAP, "Kubernetes nodeport TCP port for masquerade purpose"),
+    IPSetSpec(
+        NODE_PORT_LOCAL_TCP,
+        _BITMAP,
+        "Kubernetes nodeport TCP port with externalTrafficPolicy=local",
+    ),
+    IPSetSpec(NODE_PORT_UDP, _BITMAP, "Kubernetes nodeport UDP port for masquerade purpose"),
+    IPSetSpec(
+        NODE_PORT_LOCAL_UDP,
+        _BITMAP,
+        "Kubernetes nodeport UDP port with externalTrafficPolicy=local",
+    ),
+    IPSetSpec(
+        NODE_PORT_SCTP,
+        _IP_PORT,
+        "Kubernetes nodeport SCTP port for masquerade purpose with type 'hash ip:port'",
+    ),
+    IPSetSpec(
+        NODE_PORT_LOCAL_SCTP,
+        _IP_PORT,
+        "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type 'hash ip:port'",
+    ),
+    IPSetSpec(HEALTH_CHECK_NODE_PORT, _BITMAP, "Kubernetes health check node port"),
+    IPSetSpec(IPVS_IPS, "hash:ip", "Addresses on the ipvs interface"),
+)
+
+BY_NAME = {s.name: s for s in SPECS}
+NAMES = frozenset(BY_NAME)

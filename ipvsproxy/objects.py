@@ -1,0 +1,215 @@
+"""Kubernetes Services and EndpointSlices reduced to what the dataplane needs.
+
+Accepts the objects as the API returns them: plain dicts (camelCase, as JSON) or the official
+client's model classes, which are converted without importing the client (it costs seconds to
+import in the lab kernel and the pure layers must not depend on it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ipvsproxy.model import Protocol, canonical_ip
+
+LABEL_SERVICE_NAME = "kubernetes.io/service-name"
+LABEL_HEADLESS = "service.kubernetes.io/headless"
+LABEL_PROXY_NAME = "service.kubernetes.io/service-proxy-name"
+DEFAULT_AFFINITY_TIMEOUT = 10800
+
+
+def to_plain(obj: Any) -> Any:
+    """A client model (``attribute_map``/``openapi_types``) as the JSON-shaped dict the API sent."""
+    if obj is None or isinstance(obj, str | int | float | bool):
+        return obj
+    if isinstance(obj, datetime.datetime | datetime.date):
+        return obj.isoformat()
+    if isinstance(obj, list | tuple):
+        return [to_plain(x) for x in obj]
+    if isinstance(obj, Mapping):
+        return {k: to_plain(v) for k, v in obj.items()}
+    attribute_map = getattr(obj, "attribute_map", None)
+    if isinstance(attribute_map, Mapping):
+        return {
+            attribute_map[attr]: to_plain(getattr(obj, attr))
+            for attr in attribute_map
+            if getattr(obj, attr, None) is not None
+        }
+    raise TypeError(f"cannot convert {type(obj).__name__} to a Kubernetes object")
+
+
+def _get(d: Mapping[str, Any] | None, *path: str) -> Any:
+    cur: Any = d
+    for key in path:
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(key)
+    return cur
+
+
+class InvalidObject(ValueError):
+    """An object the dataplane cannot program; the message names the object and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePort:
+    """One port of a Service, with everything that decides how it is programmed."""
+
+    service: str  # namespace/name
+    name: str
+    protocol: Protocol
+    port: int
+    node_port: int
+    cluster_ips: tuple[str, ...]
+    external_ips: tuple[str, ...]
+    lb_vips: tuple[str, ...]
+    lb_source_ranges: tuple[str, ...]
+    affinity_timeout: int  # 0: no session affinity
+    external_local: bool  # externalTrafficPolicy Local applies
+    internal_local: bool
+    health_check_node_port: int
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    address: str
+    port: int
+    ready: bool
+    serving: bool
+    terminating: bool
+    node: str | None
+    zone: str | None
+
+
+def service_id(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+
+
+def is_proxied(svc: Mapping[str, Any], proxy_name: str | None = None) -> bool:
+    """Whether this proxy programs the Service at all (upstream's label and type rules)."""
+    labels = _get(svc, "metadata", "labels") or {}
+    if proxy_name is None and LABEL_PROXY_NAME in labels:
+        return False  # another proxy's Service
+    if proxy_name is not None and labels.get(LABEL_PROXY_NAME) != proxy_name:
+        return False
+    if LABEL_HEADLESS in labels:
+        return False
+    spec = svc.get("spec") or {}
+    if spec.get("type") == "ExternalName":
+        return False
+    cluster_ip = spec.get("clusterIP")
+    return bool(cluster_ip) and cluster_ip != "None"
+
+
+def _ips(values: Iterable[Any], what: str, sid: str) -> tuple[str, ...]:
+    out = []
+    for v in values or ():
+        try:
+            ip = canonical_ip(str(v))
+        except ValueError:
+            raise InvalidObject(f"service {sid}: {what} {v!r} is not an IP address") from None
+        if ":" not in ip:  # IPv4 only for now; dual-stack comes later
+            out.append(ip)
+    return tuple(dict.fromkeys(out))
+
+
+def _cidrs(values: Iterable[Any], sid: str) -> tuple[str, ...]:
+    out = []
+    for v in values or ():
+        text = str(v).strip()
+        try:
+            net = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            raise InvalidObject(
+                f"service {sid}: loadBalancerSourceRanges entry {v!r} is not a CIDR"
+            ) from None
+        if net.version == 4:
+            out.append(str(net))
+    return tuple(dict.fromkeys(out))
+
+
+def service_ports(svc: Mapping[str, Any]) -> list[ServicePort]:
+    """Every port of a proxied Service; raises InvalidObject naming the bad field."""
+    sid = service_id(svc)
+    spec = svc.get("spec") or {}
+    stype = spec.get("type") or "ClusterIP"
+    cluster_ips = _ips(spec.get("clusterIPs") or [spec.get("clusterIP")], "clusterIP", sid)
+    ingress = _get(svc, "status", "loadBalancer", "ingress") or []
+    vips = [i.get("ip") for i in ingress if i.get("ip") and i.get("ipMode") in (None, "VIP")]
+    lb_vips = _ips(vips, "load-balancer ingress IP", sid) if stype == "LoadBalancer" else ()
+    external_ips = _ips(spec.get("externalIPs") or [], "externalIP", sid)
+    affinity = 0
+    if spec.get("sessionAffinity") == "ClientIP":
+        affinity = int(
+            _get(spec, "sessionAffinityConfig", "clientIP", "timeoutSeconds")
+            or DEFAULT_AFFINITY_TIMEOUT
+        )
+    externally = stype in ("NodePort", "LoadBalancer") or bool(external_ips)
+    ports = []
+    for p in spec.get("ports") or []:
+        try:
+            proto = Protocol(p.get("protocol") or "TCP")
+        except ValueError:
+            raise InvalidObject(f"service {sid}: protocol {p.get('protocol')!r}") from None
+        port = int(p.get("port") or 0)
+        if not 1 <= port <= 65535:
+            raise InvalidObject(f"service {sid}: port {port} out of range")
+        ports.append(
+            ServicePort(
+                service=sid,
+                name=p.get("name") or "",
+                protocol=proto,
+                port=port,
+                node_port=int(p.get("nodePort") or 0) if stype != "ClusterIP" else 0,
+                cluster_ips=cluster_ips,
+                external_ips=external_ips,
+                lb_vips=lb_vips,
+                lb_source_ranges=_cidrs(spec.get("loadBalancerSourceRanges") or [], sid),
+                affinity_timeout=affinity,
+                external_local=externally and spec.get("externalTrafficPolicy") == "Local",
+                internal_local=spec.get("internalTrafficPolicy") == "Local",
+                health_check_node_port=int(spec.get("healthCheckNodePort") or 0),
+                type=stype,
+            )
+        )
+    return ports
+
+
+def slice_endpoints(
+    slices: Iterable[Mapping[str, Any]], port_name: str, protocol: Protocol
+) -> list[Endpoint]:
+    """Endpoints of one service port merged across slices, one per address:port."""
+    seen: dict[tuple[str, int], Endpoint] = {}
+    for sl in slices:
+        if sl.get("addressType", "IPv4") != "IPv4":
+            continue
+        port = None
+        for p in sl.get("ports") or []:
+            if (p.get("name") or "") == port_name and (p.get("protocol") or "TCP") == protocol:
+                port = p.get("port")
+        if not port:
+            continue
+        for ep in sl.get("endpoints") or []:
+            cond = ep.get("conditions") or {}
+            ready = cond.get("ready")
+            ready = True if ready is None else bool(ready)
+            serving = cond.get("serving")
+            serving = ready if serving is None else bool(serving)
+            terminating = bool(cond.get("terminating"))
+            for addr in (ep.get("addresses") or [])[:1]:  # the first address is the one used
+                try:
+                    ip = canonical_ip(addr)
+                except ValueError:
+                    continue
+                key = (ip, int(port))
+                if key in seen and seen[key].ready:
+                    continue
+                seen[key] = Endpoint(
+                    ip, int(port), ready, serving, terminating, ep.get("nodeName"), ep.get("zone")
+                )
+    return [seen[k] for k in sorted(seen)]

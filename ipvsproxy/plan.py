@@ -1,0 +1,233 @@
+"""The planner: one Service and its EndpointSlices in, that Service's share of the node's
+dataplane out. Pure, and per Service, so a change costs time in proportion to that Service.
+
+Semantics follow upstream kube-proxy's IPVS proxier; where IPVS mode's behaviour is a known
+bug that the nftables mode fixed, the nftables behaviour is kept (externalTrafficPolicy Local
+with no local endpoint: external traffic is not forwarded, rather than forwarded without SNAT
+to remote endpoints whose replies are lost).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from ipvsproxy import ipsets as S
+from ipvsproxy.model import (
+    SVC_F_PERSISTENT,
+    DestKey,
+    Protocol,
+    RealServer,
+    ServiceKey,
+    VirtualServer,
+)
+from ipvsproxy.objects import (
+    Endpoint,
+    InvalidObject,
+    ServicePort,
+    is_proxied,
+    service_ports,
+    slice_endpoints,
+)
+
+SVC_F_SCHED_SH_PORT = 0x0010  # upstream sets it for the mh scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What the planner must know about this node."""
+
+    name: str
+    node_ips: tuple[str, ...] = ()  # addresses that carry NodePorts
+    local_addresses: frozenset[str] = frozenset()  # on interfaces other than kube-ipvs0
+    primary_ip: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlanConfig:
+    scheduler: str = "rr"
+    proxy_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutFilter:
+    """A load-balancer VIP whose source ranges exclude this node: node-local clients of it are
+    dropped (upstream KUBE-IPVS-OUT-FILTER, kubernetes #119656)."""
+
+    address: str
+    protocol: Protocol
+    port: int
+
+
+def _frozen(d: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    return MappingProxyType(dict(d))
+
+
+@dataclass(frozen=True)
+class ServicePlan:
+    """One Service's share of the node's desired dataplane."""
+
+    virtual_servers: Mapping[ServiceKey, VirtualServer] = field(default_factory=dict)
+    real_servers: Mapping[ServiceKey, Mapping[DestKey, RealServer]] = field(default_factory=dict)
+    bind: frozenset[str] = frozenset()
+    members: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    out_filters: frozenset[OutFilter] = frozenset()
+    no_local_endpoints: int = 0  # ports with eTP/iTP Local and no local endpoint (metric)
+    error: str | None = None  # why the Service could not be programmed
+
+
+EMPTY = ServicePlan()
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.vs: dict[ServiceKey, VirtualServer] = {}
+        self.rs: dict[ServiceKey, dict[DestKey, RealServer]] = {}
+        self.bind: set[str] = set()
+        self.members: defaultdict[str, set[str]] = defaultdict(set)
+        self.out_filters: set[OutFilter] = set()
+        self.no_local = 0
+
+    def add_vs(self, vs: VirtualServer, endpoints: Iterable[Endpoint]) -> None:
+        self.vs[vs.key] = vs
+        self.rs[vs.key] = {
+            DestKey(e.address, e.port): RealServer(DestKey(e.address, e.port), weight=1)
+            for e in endpoints
+        }
+
+    def member(self, set_name: str, entry: str) -> None:
+        self.members[set_name].add(entry)
+
+    def build(self) -> ServicePlan:
+        return ServicePlan(
+            virtual_servers=_frozen(self.vs),
+            real_servers=_frozen({k: _frozen(v) for k, v in self.rs.items()}),
+            bind=frozenset(self.bind),
+            members=_frozen({k: frozenset(v) for k, v in self.members.items() if v}),
+            out_filters=frozenset(self.out_filters),
+            no_local_endpoints=self.no_local,
+        )
+
+
+def _usable(endpoints: list[Endpoint]) -> list[Endpoint]:
+    """Ready endpoints; when none, the serving ones that are terminating (upstream's rule)."""
+    ready = [e for e in endpoints if e.ready]
+    return ready or [e for e in endpoints if e.serving and e.terminating]
+
+
+def _virtual_server(sp: ServicePort, address: str, port: int, cfg: PlanConfig) -> VirtualServer:
+    flags, timeout = 0, 0
+    if sp.affinity_timeout:
+        flags, timeout = SVC_F_PERSISTENT, sp.affinity_timeout
+    if cfg.scheduler == "mh":
+        flags |= SVC_F_SCHED_SH_PORT
+    return VirtualServer(ServiceKey(address, sp.protocol, port), cfg.scheduler, flags, timeout)
+
+
+def _plan_port(
+    b: _Builder, sp: ServicePort, endpoints: list[Endpoint], node: NodeFacts, cfg: PlanConfig
+) -> None:
+    proto = sp.protocol.value.lower()
+    cluster = _usable(endpoints)
+    local = _usable([e for e in endpoints if e.node == node.name])
+    internal = local if sp.internal_local else cluster
+    external = local if sp.external_local else cluster
+    if (sp.internal_local or sp.external_local) and not local and cluster:
+        b.no_local += 1
+    for e in endpoints:
+        if e.node == node.name:
+            b.member(S.LOOP_BACK, f"{e.address},{proto}:{e.port},{e.address}")
+    for ip in sp.cluster_ips:
+        b.add_vs(_virtual_server(sp, ip, sp.port, cfg), internal)
+        b.bind.add(ip)
+        b.member(S.CLUSTER_IP, f"{ip},{proto}:{sp.port}")
+    for ip in sp.external_ips:
+        b.add_vs(_virtual_server(sp, ip, sp.port, cfg), external)
+        if ip not in node.local_addresses:
+            b.bind.add(ip)
+        b.member(
+            S.EXTERNAL_IP_LOCAL if sp.external_local else S.EXTERNAL_IP, f"{ip},{proto}:{sp.port}"
+        )
+    for ip in sp.lb_vips:
+        _plan_lb_vip(b, sp, ip, external, node, cfg)
+    if sp.node_port:
+        _plan_node_port(b, sp, external, node, cfg)
+    if sp.type == "LoadBalancer" and sp.external_local and sp.health_check_node_port:
+        b.member(S.HEALTH_CHECK_NODE_PORT, str(sp.health_check_node_port))
+
+
+def _plan_lb_vip(
+    b: _Builder,
+    sp: ServicePort,
+    ip: str,
+    endpoints: list[Endpoint],
+    node: NodeFacts,
+    cfg: PlanConfig,
+) -> None:
+    proto = sp.protocol.value.lower()
+    entry = f"{ip},{proto}:{sp.port}"
+    b.add_vs(_virtual_server(sp, ip, sp.port, cfg), endpoints)
+    if ip not in node.local_addresses:
+        b.bind.add(ip)
+    b.member(S.LOAD_BALANCER, entry)
+    if sp.external_local:
+        b.member(S.LOAD_BALANCER_LOCAL, entry)
+    if not sp.lb_source_ranges:
+        return
+    b.member(S.LOAD_BALANCER_FW, entry)
+    for cidr in sp.lb_source_ranges:
+        b.member(S.LOAD_BALANCER_SOURCE_CIDR, f"{entry},{cidr}")
+    primary = ipaddress.ip_address(node.primary_ip) if node.primary_ip else None
+    if primary is not None and any(primary in ipaddress.ip_network(c) for c in sp.lb_source_ranges):
+        b.member(S.LOAD_BALANCER_SOURCE_IP, f"{entry},{ip}")
+    else:
+        b.out_filters.add(OutFilter(ip, sp.protocol, sp.port))
+
+
+_NODE_PORT_SETS = {
+    Protocol.TCP: (S.NODE_PORT_TCP, S.NODE_PORT_LOCAL_TCP),
+    Protocol.UDP: (S.NODE_PORT_UDP, S.NODE_PORT_LOCAL_UDP),
+    Protocol.SCTP: (S.NODE_PORT_SCTP, S.NODE_PORT_LOCAL_SCTP),
+}
+
+
+def _plan_node_port(
+    b: _Builder, sp: ServicePort, endpoints: list[Endpoint], node: NodeFacts, cfg: PlanConfig
+) -> None:
+    if not node.node_ips:
+        return
+    all_set, local_set = _NODE_PORT_SETS[sp.protocol]
+    for ip in node.node_ips:
+        b.add_vs(_virtual_server(sp, ip, sp.node_port, cfg), endpoints)
+    if sp.protocol is Protocol.SCTP:
+        entries = [f"{ip},sctp:{sp.node_port}" for ip in node.node_ips]
+    else:
+        entries = [str(sp.node_port)]
+    for entry in entries:
+        b.member(all_set, entry)
+        if sp.external_local:
+            b.member(local_set, entry)
+
+
+def plan_service(
+    svc: Mapping[str, Any] | None,
+    slices: Iterable[Mapping[str, Any]],
+    node: NodeFacts,
+    cfg: PlanConfig,
+) -> ServicePlan:
+    """The desired dataplane for one Service (None: the Service is gone)."""
+    if svc is None or not is_proxied(svc, cfg.proxy_name):
+        return EMPTY
+    try:
+        ports = service_ports(svc)
+    except InvalidObject as exc:
+        return ServicePlan(error=str(exc))
+    slices = list(slices)
+    b = _Builder()
+    for sp in ports:
+        _plan_port(b, sp, slice_endpoints(slices, sp.name, sp.protocol), node, cfg)
+    return b.build()

@@ -1,0 +1,160 @@
+"""The fixed iptables ruleset, rendered as iptables-restore text (upstream IPVS proxier's order).
+
+Rules match ipsets, so the text depends only on configuration, on which sets are non-empty
+and on the load-balancer VIPs that this node may not reach: it changes rarely, and is rewritten
+only when the rendered text changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ipvsproxy import ipsets as S
+from ipvsproxy.plan import OutFilter
+
+NAT_CHAINS = ("KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-NODE-PORT", "KUBE-LOAD-BALANCER",
+              "KUBE-MARK-MASQ")  # fmt: skip
+FILTER_CHAINS = ("KUBE-FORWARD", "KUBE-NODE-PORT", "KUBE-PROXY-FIREWALL",
+                 "KUBE-SOURCE-RANGES-FIREWALL", "KUBE-IPVS-FILTER", "KUBE-IPVS-OUT-FILTER")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Jump:
+    """A rule in a built-in chain that sends traffic into one of ours."""
+
+    table: str
+    chain: str
+    comment: str
+    target: str
+
+    def spec(self) -> str:
+        return f'-m comment --comment "{self.comment}" -j {self.target}'
+
+
+# Upstream inserts each at position 1, in this order.
+JUMPS = (
+    Jump("nat", "OUTPUT", "kubernetes service portals", "KUBE-SERVICES"),
+    Jump("nat", "PREROUTING", "kubernetes service portals", "KUBE-SERVICES"),
+    Jump("nat", "POSTROUTING", "kubernetes postrouting rules", "KUBE-POSTROUTING"),
+    Jump("filter", "FORWARD", "kubernetes forwarding rules", "KUBE-FORWARD"),
+    Jump("filter", "INPUT", "kubernetes health check rules", "KUBE-NODE-PORT"),
+    Jump("filter", "INPUT", "kube-proxy firewall rules", "KUBE-PROXY-FIREWALL"),
+    Jump("filter", "FORWARD", "kube-proxy firewall rules", "KUBE-PROXY-FIREWALL"),
+    Jump("filter", "INPUT", "kubernetes ipvs access filter", "KUBE-IPVS-FILTER"),
+    Jump("filter", "OUTPUT", "kubernetes ipvs access filter", "KUBE-IPVS-OUT-FILTER"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RulesConfig:
+    masquerade_all: bool = False
+    masquerade_bit: int = 14
+    cluster_cidr: str | None = None  # the local-traffic detector (detectLocalMode ClusterCIDR)
+    random_fully: bool = True
+
+    @property
+    def mark(self) -> str:
+        return f"{1 << self.masquerade_bit:#x}"
+
+
+def _c(name: str) -> str:
+    return f'-m comment --comment "{S.BY_NAME[name].comment}"'
+
+
+def _nat(cfg: RulesConfig, sets: frozenset[str]) -> list[str]:
+    r = ["*nat"] + [f":{c} - [0:0]" for c in NAT_CHAINS]
+    r.append("-A KUBE-SERVICES -s 127.0.0.0/8 -j RETURN")
+    if S.LOOP_BACK in sets:
+        r.append(f"-A KUBE-POSTROUTING {_c(S.LOOP_BACK)} -m set --match-set {S.LOOP_BACK} "
+                 "dst,dst,src -j MASQUERADE")  # fmt: skip
+    if S.LOAD_BALANCER in sets:
+        r.append(f"-A KUBE-SERVICES {_c(S.LOAD_BALANCER)} -m set --match-set {S.LOAD_BALANCER} "
+                 "dst,dst -j KUBE-LOAD-BALANCER")  # fmt: skip
+    if S.LOAD_BALANCER_LOCAL in sets:
+        r.append(f"-A KUBE-LOAD-BALANCER {_c(S.LOAD_BALANCER_LOCAL)} -m set --match-set "
+                 f"{S.LOAD_BALANCER_LOCAL} dst,dst -j RETURN")  # fmt: skip
+    for proto, local, every, match in (
+        ("tcp", S.NODE_PORT_LOCAL_TCP, S.NODE_PORT_TCP, "dst"),
+        ("udp", S.NODE_PORT_LOCAL_UDP, S.NODE_PORT_UDP, "dst"),
+        ("sctp", S.NODE_PORT_LOCAL_SCTP, S.NODE_PORT_SCTP, "dst,dst"),
+    ):
+        if local in sets:
+            r.append(f"-A KUBE-NODE-PORT -p {proto} {_c(local)} -m set --match-set {local} "
+                     f"{match} -j RETURN")  # fmt: skip
+        if every in sets:
+            r.append(f"-A KUBE-NODE-PORT -p {proto} {_c(every)} -m set --match-set {every} "
+                     f"{match} -j KUBE-MARK-MASQ")  # fmt: skip
+    if S.CLUSTER_IP in sets:
+        head = f"-A KUBE-SERVICES {_c(S.CLUSTER_IP)} -m set --match-set {S.CLUSTER_IP}"
+        if cfg.masquerade_all:
+            r.append(f"{head} dst,dst -j KUBE-MARK-MASQ")
+        elif cfg.cluster_cidr:
+            r.append(f"{head} dst,dst ! -s {cfg.cluster_cidr} -j KUBE-MARK-MASQ")
+        else:
+            r.append(f"{head} src,dst -j KUBE-MARK-MASQ")
+    for name, masq in ((S.EXTERNAL_IP, True), (S.EXTERNAL_IP_LOCAL, False)):
+        if name not in sets:
+            continue
+        head = f"-A KUBE-SERVICES {_c(name)} -m set --match-set {name} dst,dst"
+        if masq:
+            r.append(f"{head} -j KUBE-MARK-MASQ")
+        r.append(f"{head} -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT")
+        r.append(f"{head} -m addrtype --dst-type LOCAL -j ACCEPT")
+    r.append("-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT")
+    r.append("-A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ")
+    if S.CLUSTER_IP in sets:
+        r.append(f"-A KUBE-SERVICES -m set --match-set {S.CLUSTER_IP} dst,dst -j ACCEPT")
+    if S.LOAD_BALANCER in sets:
+        r.append(f"-A KUBE-SERVICES -m set --match-set {S.LOAD_BALANCER} dst,dst -j ACCEPT")
+    mark = cfg.mark
+    r += [
+        f"-A KUBE-POSTROUTING -m mark ! --mark {mark}/{mark} -j RETURN",
+        f"-A KUBE-POSTROUTING -j MARK --xor-mark {mark}",
+        '-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" '
+        "-j MASQUERADE" + (" --random-fully" if cfg.random_fully else ""),
+        f"-A KUBE-MARK-MASQ -j MARK --or-mark {mark}",
+        "COMMIT",
+    ]
+    return r
+
+
+def _filter(cfg: RulesConfig, sets: frozenset[str], out_filters: Iterable[OutFilter]) -> list[str]:
+    r = ["*filter"] + [f":{c} - [0:0]" for c in FILTER_CHAINS]
+    if S.LOAD_BALANCER_FW in sets:
+        r.append(f"-A KUBE-PROXY-FIREWALL {_c(S.LOAD_BALANCER_FW)} -m set --match-set "
+                 f"{S.LOAD_BALANCER_FW} dst,dst -j KUBE-SOURCE-RANGES-FIREWALL")  # fmt: skip
+    for name in (S.LOAD_BALANCER_SOURCE_CIDR, S.LOAD_BALANCER_SOURCE_IP):
+        if name in sets:
+            r.append(f"-A KUBE-SOURCE-RANGES-FIREWALL {_c(name)} -m set --match-set {name} "
+                     "dst,dst,src -j RETURN")  # fmt: skip
+    r.append("-A KUBE-SOURCE-RANGES-FIREWALL -j DROP")
+    for f in out_filters:
+        r.append(f"-A KUBE-IPVS-OUT-FILTER -s {f.address} -m ipvs --vaddr {f.address} "
+                 f"--vproto {f.protocol.value.lower()} --vport {f.port} -j DROP")  # fmt: skip
+    mark = cfg.mark
+    r += [
+        '-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" '
+        f"-m mark --mark {mark}/{mark} -j ACCEPT",
+        '-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" '
+        "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+        f"-A KUBE-NODE-PORT {_c(S.HEALTH_CHECK_NODE_PORT)} -m set --match-set "
+        f"{S.HEALTH_CHECK_NODE_PORT} dst -j ACCEPT",
+    ]
+    for name, match in (
+        (S.LOAD_BALANCER, "dst,dst"),
+        (S.CLUSTER_IP, "dst,dst"),
+        (S.EXTERNAL_IP, "dst,dst"),
+        (S.EXTERNAL_IP_LOCAL, "dst,dst"),
+        (S.HEALTH_CHECK_NODE_PORT, "dst"),
+    ):
+        r.append(f"-A KUBE-IPVS-FILTER -m set --match-set {name} {match} -j RETURN")
+    r.append(f"-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set {S.IPVS_IPS} "
+             "dst -j REJECT")  # fmt: skip
+    r.append("COMMIT")
+    return r
+
+
+def render(cfg: RulesConfig, sets: frozenset[str], out_filters: Iterable[OutFilter]) -> str:
+    """The iptables-restore --noflush text for ipvsproxy's own chains (built-ins untouched)."""
+    return "\n".join(_nat(cfg, sets) + _filter(cfg, sets, out_filters)) + "\n"
