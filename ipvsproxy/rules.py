@@ -13,10 +13,21 @@ from dataclasses import dataclass
 from ipvsproxy import ipsets as S
 from ipvsproxy.plan import OutFilter
 
-NAT_CHAINS = ("KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-NODE-PORT", "KUBE-LOAD-BALANCER",
-              "KUBE-MARK-MASQ")  # fmt: skip
-FILTER_CHAINS = ("KUBE-FORWARD", "KUBE-NODE-PORT", "KUBE-PROXY-FIREWALL",
-                 "KUBE-SOURCE-RANGES-FIREWALL", "KUBE-IPVS-FILTER", "KUBE-IPVS-OUT-FILTER")  # fmt: skip
+NAT_CHAINS = (
+    "KUBE-SERVICES",
+    "KUBE-POSTROUTING",
+    "KUBE-NODE-PORT",
+    "KUBE-LOAD-BALANCER",
+    "KUBE-MARK-MASQ",
+)
+FILTER_CHAINS = (
+    "KUBE-FORWARD",
+    "KUBE-NODE-PORT",
+    "KUBE-PROXY-FIREWALL",
+    "KUBE-SOURCE-RANGES-FIREWALL",
+    "KUBE-IPVS-FILTER",
+    "KUBE-IPVS-OUT-FILTER",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,25 +77,35 @@ def _nat(cfg: RulesConfig, sets: frozenset[str]) -> list[str]:
     r = ["*nat"] + [f":{c} - [0:0]" for c in NAT_CHAINS]
     r.append("-A KUBE-SERVICES -s 127.0.0.0/8 -j RETURN")
     if S.LOOP_BACK in sets:
-        r.append(f"-A KUBE-POSTROUTING {_c(S.LOOP_BACK)} -m set --match-set {S.LOOP_BACK} "
-                 "dst,dst,src -j MASQUERADE")  # fmt: skip
+        r.append(
+            f"-A KUBE-POSTROUTING {_c(S.LOOP_BACK)} -m set --match-set {S.LOOP_BACK} "
+            "dst,dst,src -j MASQUERADE"
+        )
     if S.LOAD_BALANCER in sets:
-        r.append(f"-A KUBE-SERVICES {_c(S.LOAD_BALANCER)} -m set --match-set {S.LOAD_BALANCER} "
-                 "dst,dst -j KUBE-LOAD-BALANCER")  # fmt: skip
+        r.append(
+            f"-A KUBE-SERVICES {_c(S.LOAD_BALANCER)} -m set --match-set {S.LOAD_BALANCER} "
+            "dst,dst -j KUBE-LOAD-BALANCER"
+        )
     if S.LOAD_BALANCER_LOCAL in sets:
-        r.append(f"-A KUBE-LOAD-BALANCER {_c(S.LOAD_BALANCER_LOCAL)} -m set --match-set "
-                 f"{S.LOAD_BALANCER_LOCAL} dst,dst -j RETURN")  # fmt: skip
+        r.append(
+            f"-A KUBE-LOAD-BALANCER {_c(S.LOAD_BALANCER_LOCAL)} -m set --match-set "
+            f"{S.LOAD_BALANCER_LOCAL} dst,dst -j RETURN"
+        )
     for proto, local, every, match in (
         ("tcp", S.NODE_PORT_LOCAL_TCP, S.NODE_PORT_TCP, "dst"),
         ("udp", S.NODE_PORT_LOCAL_UDP, S.NODE_PORT_UDP, "dst"),
         ("sctp", S.NODE_PORT_LOCAL_SCTP, S.NODE_PORT_SCTP, "dst,dst"),
     ):
         if local in sets:
-            r.append(f"-A KUBE-NODE-PORT -p {proto} {_c(local)} -m set --match-set {local} "
-                     f"{match} -j RETURN")  # fmt: skip
+            r.append(
+                f"-A KUBE-NODE-PORT -p {proto} {_c(local)} -m set --match-set {local} "
+                f"{match} -j RETURN"
+            )
         if every in sets:
-            r.append(f"-A KUBE-NODE-PORT -p {proto} {_c(every)} -m set --match-set {every} "
-                     f"{match} -j KUBE-MARK-MASQ")  # fmt: skip
+            r.append(
+                f"-A KUBE-NODE-PORT -p {proto} {_c(every)} -m set --match-set {every} "
+                f"{match} -j KUBE-MARK-MASQ"
+            )
     if S.CLUSTER_IP in sets:
         head = f"-A KUBE-SERVICES {_c(S.CLUSTER_IP)} -m set --match-set {S.CLUSTER_IP}"
         if cfg.masquerade_all:
@@ -122,16 +143,22 @@ def _nat(cfg: RulesConfig, sets: frozenset[str]) -> list[str]:
 def _filter(cfg: RulesConfig, sets: frozenset[str], out_filters: Iterable[OutFilter]) -> list[str]:
     r = ["*filter"] + [f":{c} - [0:0]" for c in FILTER_CHAINS]
     if S.LOAD_BALANCER_FW in sets:
-        r.append(f"-A KUBE-PROXY-FIREWALL {_c(S.LOAD_BALANCER_FW)} -m set --match-set "
-                 f"{S.LOAD_BALANCER_FW} dst,dst -j KUBE-SOURCE-RANGES-FIREWALL")  # fmt: skip
+        r.append(
+            f"-A KUBE-PROXY-FIREWALL {_c(S.LOAD_BALANCER_FW)} -m set --match-set "
+            f"{S.LOAD_BALANCER_FW} dst,dst -j KUBE-SOURCE-RANGES-FIREWALL"
+        )
     for name in (S.LOAD_BALANCER_SOURCE_CIDR, S.LOAD_BALANCER_SOURCE_IP):
         if name in sets:
-            r.append(f"-A KUBE-SOURCE-RANGES-FIREWALL {_c(name)} -m set --match-set {name} "
-                     "dst,dst,src -j RETURN")  # fmt: skip
+            r.append(
+                f"-A KUBE-SOURCE-RANGES-FIREWALL {_c(name)} -m set --match-set {name} "
+                "dst,dst,src -j RETURN"
+            )
     r.append("-A KUBE-SOURCE-RANGES-FIREWALL -j DROP")
     for f in out_filters:
-        r.append(f"-A KUBE-IPVS-OUT-FILTER -s {f.address} -m ipvs --vaddr {f.address} "
-                 f"--vproto {f.protocol.value.lower()} --vport {f.port} -j DROP")  # fmt: skip
+        r.append(
+            f"-A KUBE-IPVS-OUT-FILTER -s {f.address} -m ipvs --vaddr {f.address} "
+            f"--vproto {f.protocol.value.lower()} --vport {f.port} -j DROP"
+        )
     mark = cfg.mark
     r += [
         '-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" '
@@ -149,8 +176,10 @@ def _filter(cfg: RulesConfig, sets: frozenset[str], out_filters: Iterable[OutFil
         (S.HEALTH_CHECK_NODE_PORT, "dst"),
     ):
         r.append(f"-A KUBE-IPVS-FILTER -m set --match-set {name} {match} -j RETURN")
-    r.append(f"-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set {S.IPVS_IPS} "
-             "dst -j REJECT")  # fmt: skip
+    r.append(
+        f"-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set {S.IPVS_IPS} "
+        "dst -j REJECT"
+    )
     r.append("COMMIT")
     return r
 
