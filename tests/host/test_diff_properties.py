@@ -1,0 +1,205 @@
+"""Properties of the differ and the desired-state aggregate (hypothesis, no kernel).
+
+- Applying the operations of diff(A -> B) to a kernel holding A yields B.
+- A Service unchanged between two cluster states yields no changes and no operations.
+- Updating plans incrementally gives the same desired state as building it from scratch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ipvsproxy.desired import DesiredState
+from ipvsproxy.diff import (
+    DestOp,
+    OpKind,
+    ServiceOp,
+    diff_addresses,
+    diff_dests,
+    diff_members,
+    diff_services,
+)
+from ipvsproxy.model import (
+    DestKey,
+    DestStats,
+    ObservedDest,
+    Protocol,
+    RealServer,
+    ServiceKey,
+    VirtualServer,
+)
+from ipvsproxy.plan import NodeFacts, PlanConfig, plan_service
+from tests.host.k8s_objects import endpoint, endpoint_slice, service
+
+keys = st.builds(
+    ServiceKey,
+    st.sampled_from([f"10.96.0.{i}" for i in range(1, 6)]),
+    st.sampled_from([Protocol.TCP, Protocol.SCTP]),
+    st.sampled_from([80, 443]),
+)
+vservers = st.builds(
+    VirtualServer, keys, st.sampled_from(["rr", "lc"]), st.sampled_from([0, 1]), st.just(0)
+)
+dkeys = st.builds(DestKey, st.sampled_from([f"10.244.1.{i}" for i in range(1, 6)]), st.just(8080))
+reals = st.builds(RealServer, dkeys, st.integers(0, 3))
+
+
+def apply_services(
+    kernel: dict[ServiceKey, VirtualServer], ops: list[ServiceOp]
+) -> dict[ServiceKey, VirtualServer]:
+    out = dict(kernel)
+    for op in ops:
+        if op.kind is OpKind.ADD:
+            assert op.server.key not in out
+            out[op.server.key] = op.server
+        elif op.kind is OpKind.SET:
+            assert op.server.key in out
+            out[op.server.key] = op.server
+        else:
+            del out[op.server.key]
+    return out
+
+
+@given(st.lists(vservers), st.lists(vservers))
+def test_service_diff_applied_to_a_yields_b(a: list[VirtualServer], b: list[VirtualServer]) -> None:
+    have = {v.key: v for v in a}
+    want = {v.key: v for v in b}
+    result = apply_services(have, diff_services(want, have, owned=lambda _k: True))
+    assert set(result) == set(want)
+    assert all(want[k].same_settings(result[k]) for k in want)
+    # And a second diff finds nothing to do.
+    assert diff_services(want, result, owned=lambda _k: True) == []
+
+
+@given(st.lists(vservers), st.lists(vservers))
+def test_service_diff_never_deletes_what_is_not_ours(
+    a: list[VirtualServer], b: list[VirtualServer]
+) -> None:
+    have = {v.key: v for v in a}
+    want = {v.key: v for v in b}
+    ops = diff_services(want, have, owned=lambda k: k.address != "10.96.0.1")
+    assert not any(op.kind is OpKind.DELETE and op.server.key.address == "10.96.0.1" for op in ops)
+
+
+def apply_dests(
+    kernel: Mapping[DestKey, ObservedDest], ops: list[DestOp]
+) -> dict[DestKey, ObservedDest]:
+    out = dict(kernel)
+    for op in ops:
+        if op.kind is OpKind.DELETE:
+            del out[op.server.key]
+        else:
+            stats = out[op.server.key].stats if op.server.key in out else DestStats()
+            out[op.server.key] = ObservedDest(op.server, stats)
+    return out
+
+
+@given(
+    st.lists(st.tuples(reals, st.integers(0, 2))),
+    st.lists(reals),
+    st.sampled_from(list(Protocol)),
+)
+def test_dest_diff_applied_to_a_yields_b_with_graceful_termination(
+    a: list[tuple[RealServer, int]], b: list[RealServer], proto: Protocol
+) -> None:
+    svc = ServiceKey("10.96.0.1", proto, 80)
+    have = {rs.key: ObservedDest(rs, DestStats(active=conns)) for rs, conns in a}
+    want = {rs.key: rs for rs in b}
+    result = apply_dests(have, diff_dests(svc, want, have))
+    for key, rs in want.items():
+        assert result[key].server == rs
+    for key in set(result) - set(want):
+        # Only a draining TCP/SCTP real server with connections stays, at weight 0.
+        assert proto is not Protocol.UDP
+        assert result[key].server.weight == 0 and not result[key].stats.idle
+    # Once the grace period expires, everything unwanted goes.
+    final = apply_dests(result, diff_dests(svc, want, result, expired=set(result)))
+    assert set(final) == set(want)
+
+
+@given(st.sets(st.text(min_size=1, max_size=3)), st.sets(st.text(min_size=1, max_size=3)))
+def test_member_and_address_diffs(a: set[str], b: set[str]) -> None:
+    members = set(a)
+    for op in diff_members("S", b, a):
+        (members.add if op.kind is OpKind.ADD else members.discard)(op.entry)
+    assert members == b
+    addresses = set(a)
+    for aop in diff_addresses(b, a, owned=lambda _x: True):
+        (addresses.add if aop.kind is OpKind.ADD else addresses.discard)(aop.address)
+    assert addresses == b
+
+
+NODE = NodeFacts("node-1", ("192.168.56.11",), frozenset({"192.168.56.11"}), "192.168.56.11")
+ips = st.sampled_from([f"10.244.{n}.{i}" for n in (1, 2) for i in range(1, 5)])
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Up to 6 Services, each with a type, policy and some endpoints."""
+    out = {}
+    for i in draw(st.sets(st.integers(1, 6))):
+        name = f"svc-{i}"
+        stype = draw(st.sampled_from(["ClusterIP", "NodePort", "LoadBalancer"]))
+        extra: dict[str, Any] = {}
+        if stype != "ClusterIP":
+            extra["externalTrafficPolicy"] = draw(st.sampled_from(["Cluster", "Local"]))
+        port = {"name": "http", "port": 80, "protocol": "TCP"}
+        if stype != "ClusterIP":
+            port["nodePort"] = 30000 + i
+        status = (
+            {"loadBalancer": {"ingress": [{"ip": f"203.0.113.{i}"}]}}
+            if stype == "LoadBalancer"
+            else None
+        )
+        svc = service(name, f"10.96.0.{i}", ports=[port], type=stype, status=status, **extra)
+        eps = [
+            endpoint(ip, node="node-1" if ip.startswith("10.244.1.") else "node-2")
+            for ip in draw(st.sets(ips, max_size=4))
+        ]
+        out[name] = (svc, endpoint_slice(name, eps))
+    return out
+
+
+def build(cluster: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> DesiredState:
+    state = DesiredState()
+    for name, (svc, sl) in sorted(cluster.items()):
+        state.update(f"default/{name}", plan_service(svc, [sl], NODE, PlanConfig()))
+    return state
+
+
+def snapshot(state: DesiredState) -> tuple[Any, ...]:
+    return (
+        dict(state.virtual_servers),
+        {k: dict(v) for k, v in state.real_servers.items()},
+        dict(state.bind_refs),
+        {n: dict(c) for n, c in state.member_refs.items() if c},
+        dict(state.out_filter_refs),
+    )
+
+
+@settings(max_examples=60)
+@given(clusters(), clusters())
+def test_incremental_updates_equal_a_fresh_build(
+    a: dict[str, tuple[dict[str, Any], dict[str, Any]]],
+    b: dict[str, tuple[dict[str, Any], dict[str, Any]]],
+) -> None:
+    state = build(a)
+    for name in sorted(set(a) | set(b)):
+        svc, sl = b.get(name, (None, None))
+        plan = plan_service(svc, [sl] if sl else [], NODE, PlanConfig())
+        state.update(f"default/{name}", plan)
+    assert snapshot(state) == snapshot(build(b))
+
+
+@settings(max_examples=60)
+@given(clusters())
+def test_an_unchanged_service_yields_no_changes(
+    a: dict[str, tuple[dict[str, Any], dict[str, Any]]],
+) -> None:
+    state = build(a)
+    for name, (svc, sl) in a.items():
+        assert not state.update(f"default/{name}", plan_service(svc, [sl], NODE, PlanConfig()))
