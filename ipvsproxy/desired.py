@@ -53,6 +53,11 @@ class DesiredState:
             return set(self.bind_refs)
         return set(self.member_refs[set_name])
 
+    def has_member(self, set_name: str, entry: str) -> bool:
+        if set_name == S.IPVS_IPS:
+            return entry in self.bind_refs
+        return entry in self.member_refs[set_name]
+
     def nonempty_sets(self) -> frozenset[str]:
         names = {n for n, c in self.member_refs.items() if c}
         if self.bind_refs:

@@ -72,11 +72,12 @@ class Addresses:
             seq = self.sock.next_seq()
             build = r.add_address if op.kind is OpKind.ADD else r.del_address
             requests.append((seq, build(seq, index, op.address)))
-        rejected = []
-        for op, outcome in zip(ops, self.sock.execute(requests), strict=True):
+        rejected, failed = [], set()
+        for i, (op, outcome) in enumerate(zip(ops, self.sock.execute(requests), strict=True)):
             self.counters.count(f"{op.kind}_address", outcome.ok)
             if not outcome.ok:
                 rejected.append(Rejected(f"{op} on {self.device}", outcome.errno))
+                failed.add(i)
         if rejected:
-            raise ApplyError(rejected, len(ops) - len(rejected))
+            raise ApplyError(rejected, len(ops) - len(rejected), frozenset(failed))
         return len(ops)

@@ -20,9 +20,12 @@ class Rejected:
 class ApplyError(RuntimeError):
     """Some operations of a batch were rejected; the others were applied."""
 
-    def __init__(self, rejected: list[Rejected], applied: int) -> None:
+    def __init__(
+        self, rejected: list[Rejected], applied: int, failed: frozenset[int] = frozenset()
+    ) -> None:
         self.rejected = rejected
         self.applied = applied
+        self.failed = failed  # positions, in the batch, of the rejected operations
         shown = "; ".join(str(r) for r in rejected[:5])
         more = f" (and {len(rejected) - 5} more)" if len(rejected) > 5 else ""
         super().__init__(f"{len(rejected)} operations rejected, {applied} applied: {shown}{more}")

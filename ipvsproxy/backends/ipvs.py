@@ -79,14 +79,15 @@ class IPVS:
             seq = self.sock.next_seq()
             requests.append((seq, self._encode(seq, op)))
         outcomes = self.sock.execute(requests)
-        rejected = []
-        for op, outcome in zip(ops, outcomes, strict=True):
+        rejected, failed = [], set()
+        for i, (op, outcome) in enumerate(zip(ops, outcomes, strict=True)):
             kind = f"{op.kind}_{'service' if isinstance(op, ServiceOp) else 'dest'}"
             self.counters.count(kind, outcome.ok)
             if not outcome.ok:
                 rejected.append(Rejected(str(op), outcome.errno))
+                failed.add(i)
         if rejected:
-            raise ApplyError(rejected, len(ops) - len(rejected))
+            raise ApplyError(rejected, len(ops) - len(rejected), frozenset(failed))
         return len(ops)
 
     def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:

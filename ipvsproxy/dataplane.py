@@ -1,0 +1,377 @@
+"""The dataplane: plans Services, diffs them against what the kernel holds, applies the
+difference through the backends.
+
+Two ways to converge. ``sync()`` applies only what changed since the last sync, against a cache
+of the kernel that every successful write keeps current: a change costs work in proportion to
+the change. ``reconcile()`` reads the kernel back and compares everything: it repairs drift,
+adopts what a previous run programmed, and writes nothing when nothing differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ipvsproxy import ipsets as S
+from ipvsproxy import rules
+from ipvsproxy.backends.addresses import Addresses
+from ipvsproxy.backends.conntrack import Conntrack
+from ipvsproxy.backends.errors import ApplyError
+from ipvsproxy.backends.ipset import IPSets
+from ipvsproxy.backends.iptables import IPTables
+from ipvsproxy.backends.ipvs import IPVS
+from ipvsproxy.desired import Changes, DesiredState
+from ipvsproxy.diff import (
+    DestOp,
+    MemberOp,
+    OpKind,
+    ServiceOp,
+    diff_addresses,
+    diff_dests,
+    diff_members,
+    diff_services,
+)
+from ipvsproxy.model import DestKey, ObservedDest, Protocol, ServiceKey, VirtualServer
+from ipvsproxy.plan import NodeFacts, PlanConfig, plan_service
+from ipvsproxy.statefile import State, StateFile
+
+DEFAULT_GRACE_SECONDS = 15 * 60
+DEFAULT_PLAN_CONFIG = PlanConfig()
+DEFAULT_RULES_CONFIG = rules.RulesConfig()
+
+
+@dataclass
+class Backends:
+    ipvs: IPVS
+    addresses: Addresses
+    ipsets: IPSets
+    iptables: IPTables
+    conntrack: Conntrack
+
+    @classmethod
+    def open(cls) -> Backends:
+        return cls(IPVS(), Addresses(), IPSets(), IPTables(), Conntrack())
+
+    def close(self) -> None:
+        self.ipvs.close()
+        self.addresses.close()
+
+    def writes(self) -> int:
+        return sum(
+            b.counters.writes
+            for b in (self.ipvs, self.addresses, self.ipsets, self.iptables, self.conntrack)
+        )
+
+
+@dataclass
+class SyncResult:
+    full: bool
+    writes: int = 0
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class _Observed:
+    """The cache of what the kernel holds of ours; kept current by every successful write."""
+
+    services: dict[ServiceKey, VirtualServer]
+    dests: dict[ServiceKey, dict[DestKey, ObservedDest]]
+    bound: set[str]
+    members: dict[str, set[str]]
+    rules_text: str | None
+
+
+class Dataplane:
+    def __init__(
+        self,
+        node: NodeFacts,
+        backends: Backends,
+        state_path: Path,
+        plan_config: PlanConfig = DEFAULT_PLAN_CONFIG,
+        rules_config: rules.RulesConfig = DEFAULT_RULES_CONFIG,
+        exclude_cidrs: Iterable[str] = (),
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.b = backends
+        self.plan_config = plan_config
+        self.rules_config = rules_config
+        self.exclude = [ipaddress.ip_network(c, strict=False) for c in exclude_cidrs]
+        self.grace_seconds = grace_seconds
+        self.clock = clock
+        self.desired = DesiredState()
+        self.pending = Changes()
+        self.errors: dict[str, str] = {}  # service -> why it cannot be programmed
+        self.statefile = StateFile(state_path)
+        self.state: State = self.statefile.load()
+        self.observed: _Observed | None = None
+
+    # -- input -------------------------------------------------------------------------------
+
+    def update_service(
+        self, service: str, svc: Mapping[str, Any] | None, slices: Iterable[Mapping[str, Any]]
+    ) -> str | None:
+        """Re-plan one Service (None: deleted); returns why it cannot be programmed, if so."""
+        plan = plan_service(svc, slices, self.node, self.plan_config)
+        self.pending.merge(self.desired.update(service, plan))
+        if plan.error:
+            self.errors[service] = plan.error
+        else:
+            self.errors.pop(service, None)
+        return plan.error
+
+    # -- ownership ---------------------------------------------------------------------------
+
+    def _excluded(self, address: str) -> bool:
+        ip = ipaddress.ip_address(address)
+        return any(ip in net for net in self.exclude)
+
+    def owns_address(self, address: str) -> bool:
+        """Addresses on kube-ipvs0 are ours (the device is ours), except excludeCIDRs."""
+        return not self._excluded(address)
+
+    def owns_service(self, key: ServiceKey) -> bool:
+        if self._excluded(key.address):
+            return False
+        if key in self.state.virtual_servers:
+            return True
+        return self.observed is not None and key.address in self.observed.bound
+
+    # -- converge ----------------------------------------------------------------------------
+
+    def sync(self) -> SyncResult:
+        """Apply what changed since the last sync (a full reconcile the first time)."""
+        if self.observed is None:
+            return self.reconcile()
+        start, writes = time.monotonic(), self.b.writes()
+        changes, self.pending = self.pending, Changes()
+        result = SyncResult(full=False)
+        self._converge(changes, result)
+        result.writes = self.b.writes() - writes
+        result.seconds = time.monotonic() - start
+        return result
+
+    def reconcile(self) -> SyncResult:
+        """Read the kernel back and converge everything; zero writes when nothing drifted."""
+        start, writes = time.monotonic(), self.b.writes()
+        result = SyncResult(full=True)
+        self.pending = Changes()
+        try:
+            self.observed = self._read_kernel()
+        except OSError as exc:
+            result.errors.append(f"reading the kernel: {exc}")
+            return result
+        everything = Changes(
+            services=set(self.desired.virtual_servers) | set(self.observed.services),
+            addresses=set(self.desired.bind_refs) | self.observed.bound,
+            members={(n, e) for n in S.NAMES for e in self.desired.members(n)}
+            | {(n, e) for n, es in self.observed.members.items() for e in es},
+            rules=True,
+        )
+        self._converge(everything, result)
+        result.writes = self.b.writes() - writes
+        result.seconds = time.monotonic() - start
+        return result
+
+    def _read_kernel(self) -> _Observed:
+        services = self.b.ipvs.services()
+        bound = self.b.addresses.bound()
+        watched = {
+            k
+            for k in services
+            if k in self.desired.virtual_servers
+            or k in self.state.virtual_servers
+            or k.address in bound
+        }
+        dests = {k: self.b.ipvs.dests(k) for k in sorted(watched)}
+        members = self.b.ipsets.read()
+        self.b.ipsets.ensure(members)
+        for name in S.NAMES:
+            members.setdefault(name, set())
+        ipt = self.b.iptables.read()
+        digest = hashlib.sha256(self._rules_text().encode()).hexdigest()
+        same_rules = (
+            not ipt.missing_jumps
+            and digest == self.state.rules_digest
+            and ipt.fingerprint == self.state.iptables_fingerprint
+        )
+        return _Observed(
+            services, dests, bound, members, self._rules_text() if same_rules else None
+        )
+
+    def _rules_text(self) -> str:
+        return rules.render(
+            self.rules_config, self.desired.nonempty_sets(), self.desired.out_filters()
+        )
+
+    def _converge(self, changes: Changes, result: SyncResult) -> None:
+        assert self.observed is not None
+        steps: list[Callable[[], None]] = [
+            lambda: self._bind(changes.addresses),
+            lambda: self._services(changes.services),
+            lambda: self._members(changes.members),
+            lambda: self._rules(),
+            lambda: self._unbind(changes.addresses),
+            lambda: self._drain(),
+        ]
+        for step in steps:
+            try:
+                step()
+            except (ApplyError, OSError) as exc:
+                result.errors.append(str(exc))
+        self._save_state()
+        if result.errors:
+            # What the kernel holds after a partial failure is re-read at the next sync.
+            self.observed = None
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _bind(self, addresses: set[str]) -> None:
+        assert self.observed is not None
+        want = {a for a in addresses if a in self.desired.bind_refs}
+        ops = diff_addresses(want, self.observed.bound & addresses, self.owns_address)
+        ops = [op for op in ops if op.kind is OpKind.ADD]
+        bound = self.observed.bound
+        _apply(self.b.addresses.apply, ops, lambda done: bound.update(op.address for op in done))
+
+    def _unbind(self, addresses: set[str]) -> None:
+        assert self.observed is not None
+        want = {a for a in addresses if a in self.desired.bind_refs}
+        ops = diff_addresses(want, self.observed.bound & addresses, self.owns_address)
+        ops = [op for op in ops if op.kind is OpKind.DELETE]
+        bound = self.observed.bound
+        _apply(
+            self.b.addresses.apply,
+            ops,
+            lambda done: bound.difference_update(o.address for o in done),
+        )
+
+    def _services(self, keys: set[ServiceKey]) -> None:
+        obs = self.observed
+        assert obs is not None
+        svc_ops = diff_services(
+            self.desired.virtual_servers, obs.services, self.owns_service, sorted(keys)
+        )
+        ops: list[ServiceOp | DestOp] = list(svc_ops)
+        for key in sorted(keys):
+            if key not in self.desired.virtual_servers:
+                continue
+            have = obs.dests.get(key, {})
+            ops += diff_dests(key, self.desired.real_servers[key], have, self._expired(key, have))
+        _apply(self.b.ipvs.apply, ops, self._record)
+
+    def _record(self, ops: list[ServiceOp | DestOp]) -> None:
+        """Fold applied operations into the cache and the state file's bookkeeping."""
+        obs = self.observed
+        assert obs is not None
+        now = self.clock()
+        for op in ops:
+            if isinstance(op, ServiceOp):
+                key = op.server.key
+                if op.kind is OpKind.DELETE:
+                    obs.services.pop(key, None)
+                    obs.dests.pop(key, None)
+                    self.state.virtual_servers.discard(key)
+                else:
+                    obs.services[key] = op.server
+                    obs.dests.setdefault(key, {})
+                    self.state.virtual_servers.add(key)
+                continue
+            dests = obs.dests.setdefault(op.service, {})
+            dkey = (op.service, op.server.key)
+            if op.kind is OpKind.DELETE:
+                dests.pop(op.server.key, None)
+                self.state.draining_since.pop(dkey, None)
+                if op.service.protocol is Protocol.UDP:
+                    self.b.conntrack.forget(op.service, op.server.key)
+                continue
+            old = dests.get(op.server.key)
+            dests[op.server.key] = (
+                ObservedDest(op.server, old.stats) if old else ObservedDest(op.server)
+            )
+            wanted = op.server.key in self.desired.real_servers.get(op.service, {})
+            if wanted:
+                self.state.draining_since.pop(dkey, None)
+            else:
+                self.state.draining_since.setdefault(dkey, now)
+
+    def _expired(self, key: ServiceKey, have: Mapping[DestKey, ObservedDest]) -> set[DestKey]:
+        now = self.clock()
+        return {
+            d
+            for d in have
+            if now - self.state.draining_since.get((key, d), now) >= self.grace_seconds
+        }
+
+    def _drain(self) -> None:
+        """Real servers at weight 0: delete them once idle or past their grace period."""
+        obs = self.observed
+        assert obs is not None
+        services = sorted({s for s, _ in self.state.draining_since})
+        ops: list[ServiceOp | DestOp] = []
+        for key in services:
+            if key not in obs.services:
+                for dkey in [d for d in self.state.draining_since if d[0] == key]:
+                    del self.state.draining_since[dkey]
+                continue
+            obs.dests[key] = have = self.b.ipvs.dests(key)
+            want = self.desired.real_servers.get(key, {})
+            expired = self._expired(key, have)
+            ops += [op for op in diff_dests(key, want, have, expired) if op.kind is OpKind.DELETE]
+        _apply(self.b.ipvs.apply, ops, self._record)
+
+    def _members(self, members: set[tuple[str, str]]) -> None:
+        obs = self.observed
+        assert obs is not None
+        by_set: dict[str, set[str]] = {}
+        for name, entry in members:
+            by_set.setdefault(name, set()).add(entry)
+        ops = []
+        for name in sorted(by_set):
+            entries = by_set[name]
+            want = {e for e in entries if self.desired.has_member(name, e)}
+            ops += diff_members(name, want, obs.members.get(name, set()) & entries)
+
+        def record(done: list[MemberOp]) -> None:
+            for op in done:
+                target = obs.members.setdefault(op.set_name, set())
+                (target.add if op.kind is OpKind.ADD else target.discard)(op.entry)
+
+        _apply(self.b.ipsets.apply, ops, record)
+
+    def _rules(self) -> None:
+        obs = self.observed
+        assert obs is not None
+        text = self._rules_text()
+        if text == obs.rules_text:
+            return
+        ipt = self.b.iptables
+        ipt.apply(text, ipt.read().missing_jumps)
+        obs.rules_text = text
+        self.state.rules_digest = hashlib.sha256(text.encode()).hexdigest()
+        self.state.iptables_fingerprint = ipt.read().fingerprint
+
+    def _save_state(self) -> None:
+        self.statefile.save(self.state)
+
+
+_T = TypeVar("_T")
+
+
+def _apply(
+    apply: Callable[[list[_T]], object], ops: list[_T], record: Callable[[list[_T]], None]
+) -> None:
+    """Apply ``ops`` and record those the kernel accepted, also when some were rejected."""
+    try:
+        apply(ops)
+    except ApplyError as exc:
+        record([op for i, op in enumerate(ops) if i not in exc.failed])
+        raise
+    record(ops)
