@@ -25,6 +25,7 @@ from ipvsproxy.backends.errors import ApplyError
 from ipvsproxy.backends.ipset import IPSets
 from ipvsproxy.backends.iptables import IPTables
 from ipvsproxy.backends.ipvs import IPVS
+from ipvsproxy.backends.sysctl import Sysctls, required
 from ipvsproxy.desired import Changes, DesiredState
 from ipvsproxy.diff import (
     DestOp,
@@ -52,10 +53,11 @@ class Backends:
     ipsets: IPSets
     iptables: IPTables
     conntrack: Conntrack
+    sysctls: Sysctls
 
     @classmethod
     def open(cls) -> Backends:
-        return cls(IPVS(), Addresses(), IPSets(), IPTables(), Conntrack())
+        return cls(IPVS(), Addresses(), IPSets(), IPTables(), Conntrack(), Sysctls())
 
     def close(self) -> None:
         self.ipvs.close()
@@ -64,7 +66,14 @@ class Backends:
     def writes(self) -> int:
         return sum(
             b.counters.writes
-            for b in (self.ipvs, self.addresses, self.ipsets, self.iptables, self.conntrack)
+            for b in (
+                self.ipvs,
+                self.addresses,
+                self.ipsets,
+                self.iptables,
+                self.conntrack,
+                self.sysctls,
+            )
         )
 
 
@@ -98,7 +107,9 @@ class Dataplane:
         exclude_cidrs: Iterable[str] = (),
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
         clock: Callable[[], float] = time.time,
+        strict_arp: bool = False,
     ) -> None:
+        self.strict_arp = strict_arp
         self.node = node
         self.b = backends
         self.plan_config = plan_config
@@ -164,6 +175,7 @@ class Dataplane:
         result = SyncResult(full=True)
         self.pending = Changes()
         try:
+            self.b.sysctls.ensure(required(self.strict_arp))
             self.observed = self._read_kernel()
         except OSError as exc:
             result.errors.append(f"reading the kernel: {exc}")
@@ -357,6 +369,36 @@ class Dataplane:
         obs.rules_text = text
         self.state.rules_digest = hashlib.sha256(text.encode()).hexdigest()
         self.state.iptables_fingerprint = ipt.read().fingerprint
+
+    def cleanup(self) -> SyncResult:
+        """Remove everything ipvsproxy created on this node, and nothing else."""
+        start, writes = time.monotonic(), self.b.writes()
+        result = SyncResult(full=True)
+        self.observed = None
+        bound = self.b.addresses.bound()
+        self.observed = _Observed({}, {}, bound, {}, None)
+        ops: list[ServiceOp | DestOp] = [
+            ServiceOp(OpKind.DELETE, vs)
+            for key, vs in sorted(self.b.ipvs.services().items())
+            if self.owns_service(key)
+        ]
+        steps: list[Callable[[], object]] = [
+            lambda: self.b.ipvs.apply(ops),
+            self.b.iptables.remove,
+            lambda: self.b.ipsets.destroy(S.NAMES & set(self.b.ipsets.read())),
+            self.b.addresses.remove_device,
+        ]
+        for step in steps:
+            try:
+                step()
+            except (ApplyError, OSError) as exc:
+                result.errors.append(str(exc))
+        self.observed = None
+        self.state = State()
+        self._save_state()
+        result.writes = self.b.writes() - writes
+        result.seconds = time.monotonic() - start
+        return result
 
     def _save_state(self) -> None:
         self.statefile.save(self.state)

@@ -41,6 +41,15 @@ class Addresses:
         self.counters.count("add_device", True)
         return socket.if_nametoindex(self.device)
 
+    def remove_device(self) -> None:
+        if self.device_index() is None:
+            return
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            ipr.link("del", ifname=self.device)
+        self.counters.count("delete_device", True)
+
     def device_index(self) -> int | None:
         try:
             return socket.if_nametoindex(self.device)
