@@ -275,8 +275,12 @@ class Dataplane:
         for key in sorted(keys):
             if key not in self.desired.virtual_servers:
                 continue
+            want = self.desired.real_servers[key]
             have = obs.dests.get(key, {})
-            ops += diff_dests(key, self.desired.real_servers[key], have, self._expired(key, have))
+            if any(d not in want for d in have):
+                # Draining decisions need the kernel's current connection counts.
+                obs.dests[key] = have = self.b.ipvs.dests(key)
+            ops += diff_dests(key, want, have, self._expired(key, have))
         _apply(self.b.ipvs.apply, ops, self._record)
 
     def _record(self, ops: list[ServiceOp | DestOp]) -> None:

@@ -46,18 +46,31 @@ def _listen(netns: str, port: int) -> tuple[socket.socket, socket.socket]:
     return tcp, udp
 
 
-def _serve_tcp(listener: socket.socket, name: str) -> None:
+def _accept(listener: socket.socket, name: str, sel: selectors.BaseSelector) -> None:
     try:
         conn, client = listener.accept()
     except BlockingIOError:
         return
-    with conn:
-        conn.settimeout(2.0)
-        try:
-            data = conn.recv(65536)
+    conn.setblocking(False)
+    sel.register(conn, selectors.EVENT_READ, (name, "conn", client))
+
+
+def _serve_conn(
+    conn: socket.socket, name: str, client: tuple[str, int], sel: selectors.BaseSelector
+) -> None:
+    """Answer every chunk a client sends until it closes: long-lived connections let tests
+    watch an established flow survive dataplane changes."""
+    try:
+        data = conn.recv(65536)
+        if data:
             conn.sendall(answer(name, "tcp", client, conn.getsockname(), data))
-        except OSError:
-            pass  # a client that went away must not stop the server
+            return
+    except (BlockingIOError, InterruptedError):
+        return
+    except OSError:
+        pass  # a client that went away must not stop the server
+    sel.unregister(conn)
+    conn.close()
 
 
 def _serve_udp(sock: socket.socket, name: str) -> None:
@@ -79,11 +92,13 @@ def serve(targets: Sequence[tuple[str, str]], port: int) -> None:
     print("ready", flush=True)
     while True:
         for key, _ in sel.select():
-            name, proto = key.data
+            name, kind = key.data[0], key.data[1]
             sock = key.fileobj
             assert isinstance(sock, socket.socket)
-            if proto == "tcp":
-                _serve_tcp(sock, name)
+            if kind == "tcp":
+                _accept(sock, name, sel)
+            elif kind == "conn":
+                _serve_conn(sock, name, key.data[2], sel)
             else:
                 _serve_udp(sock, name)
 

@@ -89,11 +89,49 @@ def tcp_request(
     return answer
 
 
+class TCPSession:
+    """A long-lived connection to an echo server: one answer per ``ask``."""
+
+    def __init__(self, netns: str | None, host: str, port: int, timeout: float = 5.0) -> None:
+        self.sock = make_socket(netns, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect((host, port))
+        self.local = self.sock.getsockname()
+
+    def ask(self, payload: bytes = b"ping\n") -> dict[str, Any]:
+        self.sock.sendall(payload)
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionResetError("echo server closed the connection")
+            data += chunk
+        answer: dict[str, Any] = json.loads(data)
+        return answer
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> TCPSession:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
 def udp_request(
-    netns: str | None, host: str, port: int, payload: bytes = b"hello\n", timeout: float = 5.0
+    netns: str | None,
+    host: str,
+    port: int,
+    payload: bytes = b"hello\n",
+    timeout: float = 5.0,
+    source_port: int = 0,
 ) -> dict[str, Any]:
     with make_socket(netns, socket.SOCK_DGRAM) as sock:
         sock.settimeout(timeout)
+        if source_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("0.0.0.0", source_port))
         sock.connect((host, port))
         sock.send(payload)
         data = sock.recv(65536)

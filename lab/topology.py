@@ -200,6 +200,9 @@ def _create_node(cluster: Cluster, node: Node) -> None:
         cmds += [
             f"link add {pod.host_veth} type veth peer name eth0 netns {pod.netns}",
             f"link set {pod.host_veth} master cni0 up",
+            # What the bridge CNI does with hairpinMode: true, so a pod can reach itself
+            # through its own Service.
+            f"link set {pod.host_veth} type bridge_slave hairpin on",
         ]
     _batch(node.netns, cmds)
     for key in ("net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables"):

@@ -1,0 +1,230 @@
+"""Service semantics through the real dataplane, with real traffic from pods and from outside."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab import netns
+from lab.topology import Cluster
+from tests.host.k8s_objects import endpoint, endpoint_slice, service
+from tests.kernel.dataplane_helpers import NodeDataplane, node_dataplane, sh
+
+pytestmark = pytest.mark.kernel
+
+
+def client_ip(answer: dict[str, Any]) -> str:
+    return str(answer["client"].rsplit(":", 1)[0])
+
+
+def program(ndp: NodeDataplane, *services: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
+    def apply(dp: Any) -> None:
+        for svc, slices in services:
+            ns, name = svc["metadata"]["namespace"], svc["metadata"]["name"]
+            dp.update_service(f"{ns}/{name}", svc, slices)
+        result = dp.sync()
+        assert result.errors == []
+
+    ndp.run(apply)
+
+
+@pytest.fixture
+def routes_to_node1(lab_cluster: Cluster) -> Iterator[None]:
+    """The external client reaches load-balancer and external IPs through node-1, as a
+    provider's load balancer or a router would send them."""
+    ext, n1 = lab_cluster.external.netns, lab_cluster.node("node-1").ip
+    for net in ("203.0.113.0/24", "198.51.100.0/24"):
+        sh(lab_cluster, ext, f"ip route add {net} via {n1}")
+    yield
+    for net in ("203.0.113.0/24", "198.51.100.0/24"):
+        sh(lab_cluster, ext, f"ip route del {net}", check=False)
+
+
+def np_service(name: str, ip: str, node_port: int, **spec: Any) -> dict[str, Any]:
+    port = {"name": "http", "port": 80, "nodePort": node_port, "protocol": "TCP"}
+    return service(name, ip, ports=[port], type=spec.pop("type", "NodePort"), **spec)
+
+
+def test_node_port_from_outside_is_masqueraded(lab_cluster: Cluster, tmp_path: Path) -> None:
+    n1 = lab_cluster.node("node-1")
+    backends = [n1.pods[0], lab_cluster.node("node-2").pods[0]]
+    sl = endpoint_slice("np", [endpoint(p.ip, p.node) for p in backends])
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        program(ndp, (np_service("np", "10.96.1.1", 30080), [sl]))
+        answers = [netns.tcp_request("external", n1.ip, 30080) for _ in range(4)]
+        assert {a["pod"] for a in answers} == {"pod-1-1", "pod-2-1"}
+        seen = {a["pod"]: client_ip(a) for a in answers}
+        # SNAT to node-1's address towards each backend (cni0 locally, eth0 to node-2).
+        assert seen == {"pod-1-1": n1.gateway, "pod-2-1": n1.ip}
+
+
+def test_external_traffic_policy_local(lab_cluster: Cluster, tmp_path: Path) -> None:
+    n1, n2 = lab_cluster.node("node-1"), lab_cluster.node("node-2")
+    svc = np_service("loc", "10.96.1.2", 30081, externalTrafficPolicy="Local")
+    sl = endpoint_slice("loc", [endpoint(n1.pods[0].ip, "node-1")])
+    with ExitStack() as stack:
+        ndp1 = stack.enter_context(node_dataplane(lab_cluster, n1, tmp_path / "1.json"))
+        ndp2 = stack.enter_context(node_dataplane(lab_cluster, n2, tmp_path / "2.json"))
+        program(ndp1, (svc, [sl]))
+        program(ndp2, (svc, [sl]))
+        a = netns.tcp_request("external", n1.ip, 30081)
+        # The local endpoint answers and sees the real client: no masquerade.
+        assert (a["pod"], client_ip(a)) == ("pod-1-1", lab_cluster.external.ip)
+        # node-2 has no local endpoint: external traffic is not forwarded.
+        with pytest.raises(OSError):
+            netns.tcp_request("external", n2.ip, 30081, timeout=2)
+        # Inside the cluster the ClusterIP still reaches the endpoint from node-2's pods.
+        assert netns.tcp_request(n2.pods[0].netns, "10.96.1.2", 80)["pod"] == "pod-1-1"
+
+
+def test_internal_traffic_policy_local(lab_cluster: Cluster, tmp_path: Path) -> None:
+    n1 = lab_cluster.node("node-1")
+    eps = [endpoint(n1.pods[0].ip, "node-1"), endpoint(lab_cluster.pods[2].ip, "node-2")]
+    svc = service("itp", "10.96.1.3", internalTrafficPolicy="Local")
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        program(ndp, (svc, [endpoint_slice("itp", eps)]))
+        pods = {netns.tcp_request(n1.pods[1].netns, "10.96.1.3", 80)["pod"] for _ in range(4)}
+        assert pods == {"pod-1-1"}
+
+
+def test_load_balancer_ingress_and_source_ranges(
+    lab_cluster: Cluster, tmp_path: Path, routes_to_node1: None
+) -> None:
+    n1 = lab_cluster.node("node-1")
+    sl = endpoint_slice("lb", [endpoint(n1.pods[0].ip, "node-1")])
+
+    def lb(ranges: list[str]) -> dict[str, Any]:
+        return np_service(
+            "lb",
+            "10.96.1.4",
+            30082,
+            type="LoadBalancer",
+            loadBalancerSourceRanges=ranges,
+            status={
+                "loadBalancer": {
+                    "ingress": [{"ip": "203.0.113.10"}, {"ip": "203.0.113.11", "ipMode": "Proxy"}]
+                }
+            },
+        )
+
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        program(ndp, (lb([]), [sl]))
+        assert netns.tcp_request("external", "203.0.113.10", 80)["pod"] == "pod-1-1"
+        # ipMode Proxy: the load balancer proxies; the node neither binds nor programs it.
+        assert "203.0.113.11" not in sh(lab_cluster, n1.netns, "ip addr show kube-ipvs0")
+        program(ndp, (lb([f"{lab_cluster.external.ip}/32"]), [sl]))
+        assert netns.tcp_request("external", "203.0.113.10", 80)["pod"] == "pod-1-1"
+        program(ndp, (lb(["10.0.0.0/8"]), [sl]))
+        with pytest.raises(OSError):  # dropped, not refused
+            netns.tcp_request("external", "203.0.113.10", 80, timeout=2)
+
+
+def test_external_ips(lab_cluster: Cluster, tmp_path: Path, routes_to_node1: None) -> None:
+    n1 = lab_cluster.node("node-1")
+    svc = service("ext", "10.96.1.5", externalIPs=["198.51.100.7"])
+    sl = endpoint_slice("ext", [endpoint(lab_cluster.node("node-2").pods[0].ip, "node-2")])
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        program(ndp, (svc, [sl]))
+        a = netns.tcp_request("external", "198.51.100.7", 80)
+        assert (a["pod"], client_ip(a)) == ("pod-2-1", n1.ip)  # masqueraded towards node-2
+
+
+def test_session_affinity_client_ip(lab_cluster: Cluster, tmp_path: Path) -> None:
+    n1 = lab_cluster.node("node-1")
+    sl = endpoint_slice("st", [endpoint(p.ip, p.node) for p in lab_cluster.pods[:4]])
+    svc = service("st", "10.96.1.6", sessionAffinity="ClientIP")
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        program(ndp, (svc, [sl]))
+        pods = {netns.tcp_request(n1.pods[1].netns, "10.96.1.6", 80)["pod"] for _ in range(6)}
+        assert len(pods) == 1
+        assert "persistent 10800" in sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.96.1.6:80")
+
+
+def test_terminating_endpoints_take_over_when_none_is_ready(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    n1 = lab_cluster.node("node-1")
+    a, b = lab_cluster.pods[0], lab_cluster.pods[2]
+    svc = service("term", "10.96.1.7")
+    draining = endpoint(a.ip, a.node, ready=False, serving=True, terminating=True)
+    gone = endpoint(b.ip, b.node, ready=False, serving=False, terminating=True)
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        program(ndp, (svc, [endpoint_slice("term", [draining, gone])]))
+        pods = {netns.tcp_request(n1.pods[1].netns, "10.96.1.7", 80)["pod"] for _ in range(4)}
+        assert pods == {a.name}
+
+
+def test_hairpin_pod_reaches_itself_through_its_service(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    n1 = lab_cluster.node("node-1")
+    pod = n1.pods[0]
+    svc = service("self", "10.96.1.8")
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        program(ndp, (svc, [endpoint_slice("self", [endpoint(pod.ip, "node-1")])]))
+        a = netns.tcp_request(pod.netns, "10.96.1.8", 80)
+        # KUBE-LOOP-BACK masquerades the hairpin flow to the node's bridge address.
+        assert (a["pod"], client_ip(a)) == (pod.name, n1.gateway)
+
+
+def test_graceful_termination_keeps_established_connections(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    n1 = lab_cluster.node("node-1")
+    a, b = n1.pods[0], lab_cluster.node("node-2").pods[0]
+    client = n1.pods[1]
+    svc = service("gt", "10.96.1.9")
+    both = endpoint_slice("gt", [endpoint(a.ip, a.node), endpoint(b.ip, b.node)])
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        program(ndp, (svc, [both]))
+        with netns.TCPSession(client.netns, "10.96.1.9", 80) as session:
+            first = session.ask()["pod"]
+            leaving, staying = (a, b) if first == a.name else (b, a)
+            only = endpoint_slice("gt", [endpoint(staying.ip, staying.node)])
+            program(ndp, (svc, [only]))
+            table = sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.96.1.9:80")
+            assert f"{leaving.ip}:8080" in table  # still there, at weight 0
+            # The established connection goes on with its backend; new ones go elsewhere.
+            assert session.ask()["pod"] == leaving.name
+            fresh = {netns.tcp_request(client.netns, "10.96.1.9", 80)["pod"] for _ in range(4)}
+            assert fresh == {staying.name}
+            # The endpoint comes back: restored to weight 1.
+            program(ndp, (svc, [both]))
+            table = sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.96.1.9:80")
+            assert all(" 1 " in line for line in table.splitlines() if ":8080" in line)
+            program(ndp, (svc, [only]))
+        # Past the grace period the draining real server is deleted even with connections
+        # left in TIME_WAIT.
+        ndp.dp.clock = lambda: 10**12
+        result = ndp.run(lambda dp: dp.sync())
+        assert result.errors == []
+        assert f"{leaving.ip}:8080" not in sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.96.1.9:80")
+
+
+def test_udp_clients_move_when_their_backend_goes(lab_cluster: Cluster, tmp_path: Path) -> None:
+    n1 = lab_cluster.node("node-1")
+    a, b = n1.pods[0], lab_cluster.node("node-2").pods[0]
+    ports = [{"name": "u", "port": 53, "protocol": "UDP"}]
+    slice_ports = [{"name": "u", "port": 8080, "protocol": "UDP"}]
+    svc = service("udp", "10.96.1.10", ports=ports)
+    both = endpoint_slice("udp", [endpoint(a.ip, a.node), endpoint(b.ip, b.node)], slice_ports)
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        program(ndp, (svc, [both]))
+
+        def ask() -> dict[str, Any]:
+            return netns.udp_request(n1.pods[1].netns, "10.96.1.10", 53, source_port=40053)
+
+        first = ask()["pod"]
+        assert ask()["pod"] == first  # the same flow sticks to its backend
+        leaving, staying = (a, b) if first == a.name else (b, a)
+        program(
+            ndp, (svc, [endpoint_slice("udp", [endpoint(staying.ip, staying.node)], slice_ports)])
+        )
+        # The UDP real server went at once (no draining) and the flow moved.
+        table = sh(lab_cluster, n1.netns, "ipvsadm -Ln -u 10.96.1.10:53")
+        assert f"{leaving.ip}:8080" not in table and f"{staying.ip}:8080" in table
+        assert ask()["pod"] == staying.name
