@@ -91,6 +91,12 @@ def _check_connectivity(cluster: Any, request: Any) -> int:
     return 0 if not failures else 1
 
 
+def _cmd_apiserver(args: argparse.Namespace) -> int:
+    from lab.apiserver import cli_main
+
+    return cli_main(args.args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lab", description=__doc__)
     sub = parser.add_subparsers(dest="what", metavar="COMMAND", required=True)
@@ -116,10 +122,23 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--pods", type=int, default=2, help="pods per node")
     cluster.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     cluster.set_defaults(func=_cmd_cluster)
+    api = sub.add_parser(
+        "apiserver",
+        help="serve the lab's Kubernetes API (Services, EndpointSlices, Nodes, Events)",
+        description="Run the test API server until SIGTERM/SIGINT and write a kubeconfig "
+        "that points at it.",
+        add_help=False,
+    )
+    api.add_argument("args", nargs=argparse.REMAINDER)
+    api.set_defaults(func=_cmd_apiserver)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["apiserver"]:
+        # The API server parses its own options (lab/apiserver/cli.py).
+        return _cmd_apiserver(argparse.Namespace(args=argv[1:]))
     args = build_parser().parse_args(argv)
     rc: int = args.func(args)
     return rc

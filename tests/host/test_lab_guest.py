@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from lab import guest
 
@@ -145,3 +146,38 @@ def test_cluster_command_refuses_to_run_outside_the_guest() -> None:
     )
     assert proc.returncode == 2
     assert "python -m lab run" in proc.stderr
+
+
+def test_apiserver_command_serves_and_writes_a_kubeconfig(tmp_path: Path) -> None:
+    from kubernetes import client, config
+
+    new_client: Any = config.new_client_from_config
+
+    kubeconfig = tmp_path / "kubeconfig"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lab",
+            "apiserver",
+            "--listen",
+            "127.0.0.1:0",
+            "--kubeconfig",
+            str(kubeconfig),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("lab apiserver listening on http://127.0.0.1:")
+        api: Any = client.CoreV1Api(new_client(config_file=str(kubeconfig)))
+        api.create_namespaced_service(
+            "default", {"metadata": {"name": "a"}, "spec": {"ports": [{"port": 80}]}}
+        )
+        assert [s.metadata.name for s in api.list_service_for_all_namespaces().items] == ["a"]
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
