@@ -11,8 +11,10 @@ mount -t sysfs sysfs /sys
 mount -t tmpfs -o mode=755 tmpfs /run
 mkdir -p /run/lab /run/netns
 mount --bind "$labdir" /run/lab
-# Private, fast scratch space; the host's /tmp stays untouched.
-mount -t tmpfs tmpfs /tmp
+# Private, fast scratch space (TMPDIR points here). The host's /tmp stays visible: the
+# repository or its venv may live under it.
+mkdir -p /run/tmp
+chmod 1777 /run/tmp
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts 2>/dev/null
 mount -t tmpfs tmpfs /dev/shm

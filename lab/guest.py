@@ -153,6 +153,7 @@ def guest_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
         # The guest shares the host's files: keep it from racing the host over __pycache__.
         "PYTHONDONTWRITEBYTECODE": "1",
         "LAB_IN_GUEST": "1",
+        "TMPDIR": "/run/tmp",
         "LAB_REPO": str(REPO),
         # lab/ is not installed in the venv (it is not part of the wheel).
         "PYTHONPATH": str(REPO),
