@@ -28,6 +28,7 @@ from ipvsproxy.backends.ipvs import IPVS
 from ipvsproxy.backends.sysctl import Sysctls, required
 from ipvsproxy.desired import Changes, DesiredState
 from ipvsproxy.diff import (
+    AddressOp,
     DestOp,
     MemberOp,
     OpKind,
@@ -390,7 +391,7 @@ class Dataplane:
             lambda: self.b.ipvs.apply(ops),
             self.b.iptables.remove,
             lambda: self.b.ipsets.destroy(S.NAMES & set(self.b.ipsets.read())),
-            self.b.addresses.remove_device,
+            lambda: self._remove_addresses(bound),
         ]
         for step in steps:
             try:
@@ -403,6 +404,13 @@ class Dataplane:
         result.writes = self.b.writes() - writes
         result.seconds = time.monotonic() - start
         return result
+
+    def _remove_addresses(self, bound: set[str]) -> None:
+        """Unbind our addresses; the device goes only if nothing excluded is left on it."""
+        ours = [AddressOp(OpKind.DELETE, a) for a in sorted(bound) if self.owns_address(a)]
+        self.b.addresses.apply(ours)
+        if len(ours) == len(bound):
+            self.b.addresses.remove_device()
 
     def _save_state(self) -> None:
         self.statefile.save(self.state)

@@ -1,0 +1,206 @@
+"""Ownership, restart adoption, cost of one change at scale, and rejected operations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ipvsproxy.dataplane import Dataplane
+from lab import netns
+from lab.topology import Cluster
+from tests.host.k8s_objects import endpoint, endpoint_slice, service
+from tests.kernel.dataplane_helpers import NodeDataplane, node_dataplane, sh
+
+pytestmark = pytest.mark.kernel
+
+
+def sync_ok(dp: Dataplane) -> Any:
+    result = dp.sync()
+    assert result.errors == []
+    return result
+
+
+def test_foreign_state_survives_syncs_and_cleanup(lab_cluster: Cluster, tmp_path: Path) -> None:
+    n1 = lab_cluster.node("node-1")
+    ns = n1.netns
+    foreign = [
+        "ipvsadm -A -t 10.96.200.1:80 -s rr",  # a foreign virtual server in the service range
+        "ipvsadm -a -t 10.96.200.1:80 -r 10.244.1.11:8080 -m",
+        f"ipvsadm -A -t {n1.ip}:31999 -s rr",  # and one on a node address
+        "ipset create FOREIGN-SET hash:ip",
+        "ipset add FOREIGN-SET 192.0.2.1",
+        "iptables -t nat -N FOREIGN-CHAIN",
+        "iptables -t nat -A FOREIGN-CHAIN -j RETURN",
+        "iptables -t filter -I INPUT -s 192.0.2.99 -j DROP",
+    ]
+    sh(lab_cluster, ns, " && ".join(foreign))
+    try:
+
+        def snapshot() -> tuple[str, str, str, str]:
+            return (
+                sh(lab_cluster, ns, "ipvsadm -Sn | grep -E '10.96.200.1|31999' | sort"),
+                sh(lab_cluster, ns, "ipset list FOREIGN-SET | tail -n 2"),
+                sh(lab_cluster, ns, "iptables -t nat -S FOREIGN-CHAIN"),
+                sh(lab_cluster, ns, "iptables -S INPUT | grep 192.0.2.99"),
+            )
+
+        before = snapshot()
+        assert "10.96.200.1:80" in before[0] and "31999" in before[0]
+        sl = endpoint_slice("web", [endpoint(n1.pods[0].ip)])
+        svc = service("web", "10.96.0.10")
+        with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+            for _ in range(3):
+                ndp.run(lambda dp: (dp.update_service("default/web", svc, [sl]), sync_ok(dp)))
+                ndp.run(lambda dp: dp.reconcile())
+            ndp.run(lambda dp: (dp.update_service("default/web", None, []), sync_ok(dp)))
+            ndp.run(lambda dp: dp.reconcile())
+            assert snapshot() == before
+        # node_dataplane ran a cleanup of ipvsproxy's own state on exit.
+        assert snapshot() == before
+        assert "kube-ipvs0" not in sh(lab_cluster, ns, "ip link")
+        assert "KUBE-" not in sh(lab_cluster, ns, "ipset list -n")
+        assert "KUBE-" not in sh(lab_cluster, ns, "iptables-save")
+    finally:
+        sh(
+            lab_cluster,
+            ns,
+            "ipvsadm -C; ipset destroy FOREIGN-SET; iptables -t nat -F FOREIGN-CHAIN;"
+            " iptables -t nat -X FOREIGN-CHAIN; iptables -D INPUT -s 192.0.2.99 -j DROP",
+            check=False,
+        )
+
+
+def test_restart_adopts_the_kernel_with_zero_writes(lab_cluster: Cluster, tmp_path: Path) -> None:
+    n1 = lab_cluster.node("node-1")
+    state = tmp_path / "state.json"
+    objects = [
+        (
+            service("a", "10.96.3.1"),
+            [endpoint_slice("a", [endpoint(p.ip, p.node) for p in lab_cluster.pods[:3]])],
+        ),
+        (
+            service(
+                "b",
+                "10.96.3.2",
+                type="NodePort",
+                sessionAffinity="ClientIP",
+                ports=[{"name": "http", "port": 80, "nodePort": 30300, "protocol": "TCP"}],
+            ),
+            [endpoint_slice("b", [endpoint(n1.pods[0].ip)])],
+        ),
+    ]
+
+    def load(dp: Dataplane) -> Any:
+        for svc, slices in objects:
+            dp.update_service(f"default/{svc['metadata']['name']}", svc, slices)
+        return sync_ok(dp)
+
+    first = NodeDataplane(n1, state)
+    first.run(load)
+    with netns.TCPSession(n1.pods[1].netns, "10.96.3.1", 80) as session:
+        backend = session.ask()["pod"]
+        first.close()  # the process goes away; the kernel keeps everything
+        second = NodeDataplane(n1, state)
+        try:
+            result = second.run(load)
+            assert result.full
+            assert result.writes == 0
+            assert second.backends.writes() == 0
+            # The established connection never noticed.
+            assert session.ask()["pod"] == backend
+            assert netns.tcp_request("external", n1.ip, 30300)["pod"] == n1.pods[0].name
+        finally:
+            second.run(lambda dp: dp.cleanup())
+            second.close()
+
+
+def test_one_endpoint_change_among_1000_services_costs_a_few_writes(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    n1 = lab_cluster.node("node-1")
+    pods = lab_cluster.pods
+
+    def slices(i: int, extra: bool = False) -> list[dict[str, Any]]:
+        eps = [
+            endpoint(pods[(i + k) % len(pods)].ip, pods[(i + k) % len(pods)].node) for k in range(3)
+        ]
+        if extra:
+            eps.append(endpoint("10.244.3.99", "node-3"))
+        return [endpoint_slice(f"s{i}", eps)]
+
+    services = {i: service(f"s{i}", f"10.97.{i // 250}.{i % 250 + 1}") for i in range(1000)}
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+
+        def load(dp: Dataplane) -> Any:
+            for i, svc in services.items():
+                dp.update_service(f"default/s{i}", svc, slices(i))
+            return sync_ok(dp)
+
+        cold = ndp.run(load)
+        assert len(ndp.run(lambda dp: dp.b.ipvs.services())) == 1000
+        assert cold.writes >= 4000
+        ipvs = ndp.backends.ipvs
+        sends_before = ipvs.sock.sends
+        # One endpoint added to one Service: one real server added, nothing else.
+        add = ndp.run(
+            lambda dp: (dp.update_service("default/s7", services[7], slices(7, True)), sync_ok(dp))[
+                1
+            ]
+        )
+        assert add.writes == 1
+        assert ipvs.sock.sends - sends_before == 1
+        assert "10.244.3.99:8080" in sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.97.0.8:80")
+        # And removed again (an idle TCP real server goes at once).
+        remove = ndp.run(
+            lambda dp: (dp.update_service("default/s7", services[7], slices(7)), sync_ok(dp))[1]
+        )
+        assert remove.writes <= 2
+        assert "10.244.3.99" not in sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.97.0.8:80")
+
+
+def test_rejected_operations_name_the_object_and_the_rest_applies(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    from ipvsproxy.plan import PlanConfig
+
+    n1 = lab_cluster.node("node-1")
+    sl = endpoint_slice("x", [endpoint(n1.pods[0].ip)])
+    with node_dataplane(
+        lab_cluster, n1, tmp_path / "s.json", plan_config=PlanConfig(scheduler="nosuch")
+    ) as ndp:
+        result = ndp.run(
+            lambda dp: (dp.update_service("default/x", service("x", "10.96.4.1"), [sl]), dp.sync())[
+                1
+            ]
+        )
+        assert any("add virtual server TCP 10.96.4.1:80" in e for e in result.errors), result.errors
+        # The rest of the sync went through: the address is bound and the rules are in place.
+        assert "10.96.4.1/32" in sh(lab_cluster, n1.netns, "ip addr show kube-ipvs0")
+        assert "KUBE-SERVICES" in sh(lab_cluster, n1.netns, "iptables -t nat -S")
+
+
+def test_exclude_cidrs_are_never_touched(lab_cluster: Cluster, tmp_path: Path) -> None:
+    n1 = lab_cluster.node("node-1")
+    sh(
+        lab_cluster,
+        n1.netns,
+        "ip link add kube-ipvs0 type dummy; ip addr add 10.100.0.5/32 dev kube-ipvs0;"
+        " ipvsadm -A -t 10.100.0.5:80 -s rr",
+    )
+    with node_dataplane(
+        lab_cluster, n1, tmp_path / "s.json", exclude_cidrs=["10.100.0.0/16"]
+    ) as ndp:
+        ndp.run(
+            lambda dp: (dp.update_service("default/w", service("w", "10.96.5.1"), []), sync_ok(dp))
+        )
+        ndp.run(lambda dp: dp.reconcile())
+        assert "10.100.0.5/32" in sh(lab_cluster, n1.netns, "ip addr show kube-ipvs0")
+        assert "10.100.0.5:80" in sh(lab_cluster, n1.netns, "ipvsadm -Ln")
+    # Cleanup removed ipvsproxy's own address and kept the excluded one (and so the device).
+    addrs = sh(lab_cluster, n1.netns, "ip addr show kube-ipvs0")
+    assert "10.100.0.5/32" in addrs and "10.96.5.1" not in addrs
+    assert "10.100.0.5:80" in sh(lab_cluster, n1.netns, "ipvsadm -Ln")
+    sh(lab_cluster, n1.netns, "ip link del kube-ipvs0", check=False)
+    sh(lab_cluster, n1.netns, "ipvsadm -D -t 10.100.0.5:80", check=False)
