@@ -41,6 +41,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 fmt: setup
 	$(VENV)/bin/ruff format .

@@ -1,0 +1,88 @@
+"""The rendered iptables ruleset: upstream's chains, order and conditional rules."""
+
+from __future__ import annotations
+
+from ipvsproxy import ipsets as S
+from ipvsproxy.model import Protocol
+from ipvsproxy.plan import OutFilter
+from ipvsproxy.rules import RulesConfig, render
+
+ALL = frozenset(S.NAMES)
+
+
+def lines(text: str, chain: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith(f"-A {chain} ")]
+
+
+def test_only_our_chains_are_declared_and_builtins_untouched() -> None:
+    text = render(RulesConfig(), ALL, [])
+    declared = [ln for ln in text.splitlines() if ln.startswith(":")]
+    assert all(ln.split()[0][1:].startswith("KUBE-") for ln in declared)
+    for builtin in ("INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING"):
+        assert not any(ln.startswith(f"-A {builtin} ") for ln in text.splitlines())
+    assert text.count("COMMIT") == 2
+    assert text.splitlines()[0] == "*nat"
+
+
+def test_cluster_ip_masquerade_follows_the_local_detector() -> None:
+    def masq(cfg: RulesConfig) -> str:
+        (rule,) = [
+            r
+            for r in lines(render(cfg, ALL, []), "KUBE-SERVICES")
+            if "KUBE-MARK-MASQ" in r and S.CLUSTER_IP in r
+        ]
+        return rule
+
+    assert "dst,dst ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ" in masq(
+        RulesConfig(cluster_cidr="10.244.0.0/16")
+    )
+    assert "dst,dst -j KUBE-MARK-MASQ" in masq(RulesConfig(masquerade_all=True))
+    assert "src,dst -j KUBE-MARK-MASQ" in masq(RulesConfig())
+
+
+def test_masquerade_bit_sets_the_mark() -> None:
+    text = render(RulesConfig(masquerade_bit=5), ALL, [])
+    assert "-A KUBE-MARK-MASQ -j MARK --or-mark 0x20" in text
+    assert "-A KUBE-POSTROUTING -m mark ! --mark 0x20/0x20 -j RETURN" in text
+
+
+def test_rules_for_empty_sets_are_left_out_but_the_filter_stays() -> None:
+    text = render(RulesConfig(), frozenset(), [])
+    assert "KUBE-LOOP-BACK" not in text
+    assert "--match-set KUBE-NODE-PORT-TCP" not in text
+    # The IPVS filter (kubernetes #72236) is always there.
+    assert lines(text, "KUBE-IPVS-FILTER")[-1] == (
+        "-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW "
+        "-m set --match-set KUBE-IPVS-IPS dst -j REJECT"
+    )
+    assert "-A KUBE-SOURCE-RANGES-FIREWALL -j DROP" in text
+
+
+def test_upstream_order_in_kube_services_and_postrouting() -> None:
+    text = render(RulesConfig(cluster_cidr="10.244.0.0/16"), ALL, [])
+    svc = lines(text, "KUBE-SERVICES")
+    assert svc[0] == "-A KUBE-SERVICES -s 127.0.0.0/8 -j RETURN"
+    assert "KUBE-LOAD-BALANCER dst,dst -j KUBE-LOAD-BALANCER" in svc[1]
+    assert (
+        svc.index("-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT") < len(svc) - 2
+    )
+    assert svc[-2:] == [
+        "-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT",
+        "-A KUBE-SERVICES -m set --match-set KUBE-LOAD-BALANCER dst,dst -j ACCEPT",
+    ]
+    post = lines(text, "KUBE-POSTROUTING")
+    assert "KUBE-LOOP-BACK dst,dst,src -j MASQUERADE" in post[0]
+    assert post[-1].endswith("-j MASQUERADE --random-fully")
+
+
+def test_out_filter_rules() -> None:
+    text = render(RulesConfig(), ALL, [OutFilter("203.0.113.5", Protocol.TCP, 443)])
+    assert lines(text, "KUBE-IPVS-OUT-FILTER") == [
+        "-A KUBE-IPVS-OUT-FILTER -s 203.0.113.5 -m ipvs --vaddr 203.0.113.5 --vproto tcp "
+        "--vport 443 -j DROP"
+    ]
+
+
+def test_rendering_is_deterministic() -> None:
+    f = [OutFilter("203.0.113.5", Protocol.TCP, 443), OutFilter("203.0.113.6", Protocol.UDP, 53)]
+    assert render(RulesConfig(), ALL, f) == render(RulesConfig(), ALL, list(f))
