@@ -65,6 +65,10 @@ class Addresses:
                 found.append(addr)
         return found
 
+    def indexed(self) -> list[tuple[int, str]]:
+        """(interface index, address) for every address on the node."""
+        return [(a.ifindex, a.address) for a in self.all_addresses()]
+
     def bound(self) -> set[str]:
         """Addresses on the dummy device."""
         index = self.device_index()

@@ -10,6 +10,8 @@ import pytest
 from ipvsproxy.backends.addresses import Addresses
 from ipvsproxy.backends.errors import ApplyError
 from ipvsproxy.diff import AddressOp, OpKind
+from lab import netns
+from lab.topology import Cluster
 
 pytestmark = pytest.mark.kernel
 
@@ -61,3 +63,19 @@ def test_rejected_address_operations_are_named(addresses: Addresses) -> None:
     assert "add address 10.96.5.5 on kube-ipvs0" in text
     assert "delete address 10.96.5.7 on kube-ipvs0" in text
     assert addresses.bound() == {"10.96.5.5", "10.96.5.6"}
+
+
+def test_node_port_addresses_from_a_lab_node(lab_cluster: Cluster) -> None:
+    from ipvsproxy.nodeaddrs import node_port_addresses
+
+    node = lab_cluster.node("node-1")
+    with netns.entered(node.netns):
+        backend = Addresses()
+        try:
+            backend.apply([AddressOp(OpKind.ADD, "10.96.9.1")])
+            found = node_port_addresses(backend.indexed(), backend.device_index())
+        finally:
+            backend.remove_device()
+            backend.close()
+    # eth0 and cni0, not loopback and not the service address on kube-ipvs0.
+    assert found == (node.gateway, node.ip)
