@@ -63,6 +63,7 @@ class Backends:
     def close(self) -> None:
         self.ipvs.close()
         self.addresses.close()
+        self.ipsets.close()
 
     def writes(self) -> int:
         return sum(

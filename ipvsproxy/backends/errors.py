@@ -14,6 +14,8 @@ class Rejected:
     errno: int
 
     def __str__(self) -> str:
+        if self.errno > 4096:  # ipset's own codes; the text is in ``what``
+            return f"{self.what} (error {self.errno})"
         return f"{self.what}: {os.strerror(self.errno)} (errno {self.errno})"
 
 

@@ -1,8 +1,11 @@
-"""ipsets through ``ipset save`` / ``ipset restore``: one process per batch, whatever its size.
+"""ipsets: members added and removed in netlink batches; sets created, read and destroyed with
+the ipset tool.
 
-pyroute2's IPSet sends one request per entry and waits for each ack; a restore batch is a
-single process and a single netlink conversation. ``ipset restore`` stops at the first line the
-kernel refuses, so a batch is resumed after that line: every entry's outcome is known.
+Members change with every endpoint change, so they go as batched nfnetlink requests (pyroute2's
+IPSet sends one request per entry and waits for each ack), each with its own ack: a refused
+member is named and the rest of the batch applies. Creating, listing and destroying sets is
+rare and the tool knows each set type's revisions; ``ipset restore`` stops at the first line the
+kernel refuses, so such a batch is resumed after that line and every line's outcome is known.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from ipvsproxy import ipsets as S
 from ipvsproxy.backends.errors import ApplyError, Rejected
 from ipvsproxy.backends.ipvs import Counters
 from ipvsproxy.diff import MemberOp, OpKind
+from ipvsproxy.netlink import ipset_messages as msgs
+from ipvsproxy.netlink.sock import NETLINK_NETFILTER, NetlinkSocket
 
 _ERROR_LINE = re.compile(r"Error in line (\d+): (.*)")
 
@@ -39,6 +44,10 @@ class IPSets:
     def __init__(self, binary: str = "ipset") -> None:
         self.binary = binary
         self.counters = Counters()
+        self.sock = NetlinkSocket(NETLINK_NETFILTER)
+
+    def close(self) -> None:
+        self.sock.close()
 
     def _run(
         self, args: Sequence[str], stdin: str | None = None
@@ -75,10 +84,21 @@ class IPSets:
     def apply(self, ops: Sequence[MemberOp]) -> int:
         if not ops:
             return 0
-        lines = [
-            f"{'add' if op.kind is OpKind.ADD else 'del'} {op.set_name} {op.entry}" for op in ops
-        ]
-        self._restore(lines, [str(op) for op in ops], "member")
+        requests = []
+        for op in ops:
+            seq = self.sock.next_seq()
+            set_type = S.BY_NAME[op.set_name].type
+            add = op.kind is OpKind.ADD
+            requests.append((seq, msgs.member_message(seq, add, op.set_name, set_type, op.entry)))
+        rejected, failed = [], set()
+        for i, (op, outcome) in enumerate(zip(ops, self.sock.execute(requests), strict=True)):
+            self.counters.count(f"{op.kind}_member", outcome.ok)
+            if not outcome.ok:
+                reason = msgs.ERRORS.get(outcome.errno, outcome.message)
+                rejected.append(Rejected(f"{op}: {reason}", outcome.errno))
+                failed.add(i)
+        if rejected:
+            raise ApplyError(rejected, len(ops) - len(rejected), frozenset(failed))
         return len(ops)
 
     def destroy(self, names: Iterable[str]) -> None:

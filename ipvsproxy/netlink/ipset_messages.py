@@ -1,0 +1,95 @@
+"""ipset add/del requests over nfnetlink (include/uapi/linux/netfilter/ipset/ip_set.h).
+
+Only the hot path is here: members come and go in batches with every endpoint change. Sets
+are created, listed and destroyed with the ipset tool, which knows each type's revisions.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+from ipvsproxy.netlink import codec
+
+NFNL_SUBSYS_IPSET = 6
+IPSET_PROTOCOL = 6
+CMD_ADD = 9
+CMD_DEL = 10
+NLM_F_EXCL = 0x200
+NLA_F_NET_BYTEORDER = 0x4000
+
+ATTR_PROTOCOL = 1
+ATTR_SETNAME = 2
+ATTR_DATA = 7
+ATTR_LINENO = 9
+DATA_IP = 1
+DATA_CIDR = 3
+DATA_PORT = 4
+DATA_PROTO = 7
+DATA_IP2 = 20
+DATA_CIDR2 = 21
+IPADDR_IPV4 = 1
+
+_NLMSGHDR = struct.Struct("=IHHII")
+_NFGENMSG = struct.Struct("=BBH")
+_PROTOS = {"tcp": 6, "udp": 17, "sctp": 132}
+
+# ipset's own error numbers (IPSET_ERR_*), which the kernel returns as negative errnos.
+ERRORS = {
+    4097: "protocol error",
+    4098: "set type not supported",
+    4099: "too many sets",
+    4100: "set is in use",
+    4102: "type mismatch",
+    4103: "element already exists",
+    4104: "invalid CIDR",
+    4106: "invalid family",
+    4108: "set is referenced",
+    4109: "invalid IPv4 address",
+    4352: "element not in set / set-type specific error",
+    4353: "set is full",
+}
+
+
+def _ip(kind: int, address: str) -> bytes:
+    raw = socket.inet_pton(socket.AF_INET, address)
+    return codec.nested(kind, codec.attr(IPADDR_IPV4 | NLA_F_NET_BYTEORDER, raw))
+
+
+def _port(port: int) -> bytes:
+    return codec.attr(DATA_PORT | NLA_F_NET_BYTEORDER, struct.pack("!H", port))
+
+
+def _u8(kind: int, value: int) -> bytes:
+    return codec.attr(kind, bytes([value]))
+
+
+def entry_data(set_type: str, entry: str) -> bytes:
+    """The IPSET_ATTR_DATA payload for one member in ipset's text form."""
+    if set_type == "bitmap:port":
+        return _port(int(entry))
+    if set_type == "hash:ip":
+        return _ip(DATA_IP, entry)
+    parts = entry.split(",")
+    proto, _, port = parts[1].partition(":")
+    body = _ip(DATA_IP, parts[0]) + _port(int(port)) + _u8(DATA_PROTO, _PROTOS[proto])
+    if set_type == "hash:ip,port":
+        return body
+    if set_type == "hash:ip,port,ip":
+        return body + _ip(DATA_IP2, parts[2])
+    if set_type == "hash:ip,port,net":
+        net, _, prefix = parts[2].partition("/")
+        return body + _ip(DATA_IP2, net) + _u8(DATA_CIDR2, int(prefix or 32))
+    raise ValueError(f"unsupported ipset type {set_type}")
+
+
+def member_message(seq: int, add: bool, set_name: str, set_type: str, entry: str) -> bytes:
+    body = (
+        _NFGENMSG.pack(socket.AF_INET, 0, 0)
+        + _u8(ATTR_PROTOCOL, IPSET_PROTOCOL)
+        + codec.attr_str(ATTR_SETNAME, set_name)
+        + codec.nested(ATTR_DATA, entry_data(set_type, entry))
+    )
+    kind = (NFNL_SUBSYS_IPSET << 8) | (CMD_ADD if add else CMD_DEL)
+    flags = codec.NLM_F_REQUEST | codec.NLM_F_ACK | NLM_F_EXCL
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags, seq, 0) + body

@@ -1,0 +1,69 @@
+"""ipset members over batched netlink, against the real kernel and the ipset tool's view."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from ipvsproxy import ipsets as S
+from ipvsproxy.backends.errors import ApplyError
+from ipvsproxy.backends.ipset import IPSets
+from ipvsproxy.diff import MemberOp, OpKind
+
+pytestmark = pytest.mark.kernel
+
+SAMPLES = {
+    S.CLUSTER_IP: ["10.96.0.10,tcp:80", "10.96.0.10,udp:53", "10.96.0.11,sctp:9000"],
+    S.LOOP_BACK: ["10.244.1.11,tcp:8080,10.244.1.11"],
+    S.LOAD_BALANCER_SOURCE_CIDR: [
+        "203.0.113.5,tcp:443,192.0.2.0/24",
+        "203.0.113.5,tcp:443,198.51.100.7/32",
+    ],
+    S.NODE_PORT_TCP: ["30080", "32767"],
+    S.IPVS_IPS: ["10.96.0.10"],
+}
+
+
+@pytest.fixture
+def ipsets() -> Iterator[IPSets]:
+    backend = IPSets()
+    backend.ensure(backend.read())
+    try:
+        yield backend
+    finally:
+        backend.destroy(S.NAMES)
+        backend.close()
+
+
+def test_members_of_every_type_round_trip(ipsets: IPSets) -> None:
+    ops = [MemberOp(OpKind.ADD, name, e) for name, entries in SAMPLES.items() for e in entries]
+    assert ipsets.apply(ops) == len(ops)
+    assert ipsets.sock.sends == 1
+    seen = ipsets.read()
+    for name, entries in SAMPLES.items():
+        assert seen[name] == set(entries), name
+    # What the ipset tool lists is the same.
+    out = subprocess.run(["ipset", "list", S.CLUSTER_IP], capture_output=True, text=True).stdout
+    assert "10.96.0.11,sctp:9000" in out
+    ipsets.apply([MemberOp(OpKind.DELETE, S.CLUSTER_IP, "10.96.0.10,udp:53")])
+    assert ipsets.read()[S.CLUSTER_IP] == {"10.96.0.10,tcp:80", "10.96.0.11,sctp:9000"}
+
+
+def test_refused_members_are_named_and_the_rest_applies(ipsets: IPSets) -> None:
+    ipsets.apply([MemberOp(OpKind.ADD, S.CLUSTER_IP, "10.96.0.20,tcp:80")])
+    with pytest.raises(ApplyError) as exc:
+        ipsets.apply(
+            [
+                MemberOp(OpKind.ADD, S.CLUSTER_IP, "10.96.0.20,tcp:80"),  # exists
+                MemberOp(OpKind.ADD, S.CLUSTER_IP, "10.96.0.21,tcp:80"),
+                MemberOp(OpKind.DELETE, S.CLUSTER_IP, "10.96.0.99,tcp:80"),  # absent
+            ]
+        )
+    assert exc.value.applied == 1
+    assert exc.value.failed == {0, 2}
+    text = str(exc.value)
+    assert "add 10.96.0.20,tcp:80 in ipset KUBE-CLUSTER-IP: element already exists" in text
+    assert "delete 10.96.0.99,tcp:80 in ipset KUBE-CLUSTER-IP" in text
+    assert ipsets.read()[S.CLUSTER_IP] == {"10.96.0.20,tcp:80", "10.96.0.21,tcp:80"}
