@@ -64,6 +64,7 @@ class Backends:
         self.ipvs.close()
         self.addresses.close()
         self.ipsets.close()
+        self.conntrack.close()
 
     def writes(self) -> int:
         return sum(
