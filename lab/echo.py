@@ -1,4 +1,4 @@
-"""A TCP and UDP echo server for lab pods, all pods served by one process.
+"""A TCP, UDP and SCTP echo server for lab pods, all pods served by one process.
 
 Each answer is one JSON line naming the pod that answered and the client address it saw, so a
 test can tell which backend a Service picked and whether the source was masqueraded. One
@@ -34,7 +34,7 @@ def answer(
     return json.dumps(body).encode() + b"\n"
 
 
-def _listen(netns: str, port: int) -> tuple[socket.socket, socket.socket]:
+def _listen(netns: str, port: int) -> tuple[socket.socket, socket.socket, socket.socket]:
     tcp = make_socket(netns, socket.SOCK_STREAM)
     tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     tcp.bind(("0.0.0.0", port))
@@ -43,27 +43,36 @@ def _listen(netns: str, port: int) -> tuple[socket.socket, socket.socket]:
     udp = make_socket(netns, socket.SOCK_DGRAM)
     udp.bind(("0.0.0.0", port))
     udp.setblocking(False)
-    return tcp, udp
+    sctp = make_socket(netns, socket.SOCK_STREAM, proto=socket.IPPROTO_SCTP)
+    sctp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sctp.bind(("0.0.0.0", port))
+    sctp.listen(128)
+    sctp.setblocking(False)
+    return tcp, udp, sctp
 
 
-def _accept(listener: socket.socket, name: str, sel: selectors.BaseSelector) -> None:
+def _accept(listener: socket.socket, name: str, proto: str, sel: selectors.BaseSelector) -> None:
     try:
         conn, client = listener.accept()
     except BlockingIOError:
         return
     conn.setblocking(False)
-    sel.register(conn, selectors.EVENT_READ, (name, "conn", client))
+    sel.register(conn, selectors.EVENT_READ, (name, "conn", client, proto))
 
 
 def _serve_conn(
-    conn: socket.socket, name: str, client: tuple[str, int], sel: selectors.BaseSelector
+    conn: socket.socket,
+    name: str,
+    client: tuple[str, int],
+    proto: str,
+    sel: selectors.BaseSelector,
 ) -> None:
     """Answer every chunk a client sends until it closes: long-lived connections let tests
     watch an established flow survive dataplane changes."""
     try:
         data = conn.recv(65536)
         if data:
-            conn.sendall(answer(name, "tcp", client, conn.getsockname(), data))
+            conn.sendall(answer(name, proto, client, conn.getsockname(), data))
             return
     except (BlockingIOError, InterruptedError):
         return
@@ -86,19 +95,20 @@ def _serve_udp(sock: socket.socket, name: str) -> None:
 def serve(targets: Sequence[tuple[str, str]], port: int) -> None:
     sel = selectors.DefaultSelector()
     for name, netns in targets:
-        tcp, udp = _listen(netns, port)
+        tcp, udp, sctp = _listen(netns, port)
         sel.register(tcp, selectors.EVENT_READ, (name, "tcp"))
         sel.register(udp, selectors.EVENT_READ, (name, "udp"))
+        sel.register(sctp, selectors.EVENT_READ, (name, "sctp"))
     print("ready", flush=True)
     while True:
         for key, _ in sel.select():
             name, kind = key.data[0], key.data[1]
             sock = key.fileobj
             assert isinstance(sock, socket.socket)
-            if kind == "tcp":
-                _accept(sock, name, sel)
+            if kind in ("tcp", "sctp"):
+                _accept(sock, name, kind, sel)
             elif kind == "conn":
-                _serve_conn(sock, name, key.data[2], sel)
+                _serve_conn(sock, name, key.data[2], key.data[3], sel)
             else:
                 _serve_udp(sock, name)
 

@@ -53,9 +53,11 @@ def entered(netns: str | None) -> Iterator[None]:
         os.close(own)
 
 
-def make_socket(netns: str | None, kind: int, family: int = socket.AF_INET) -> socket.socket:
+def make_socket(
+    netns: str | None, kind: int, family: int = socket.AF_INET, proto: int = 0
+) -> socket.socket:
     with entered(netns):
-        return socket.socket(family, kind)
+        return socket.socket(family, kind, proto)
 
 
 def write_sysctl(netns: str | None, name: str, value: str) -> None:
@@ -72,10 +74,15 @@ def read_sysctl(netns: str | None, name: str) -> str:
 
 
 def tcp_request(
-    netns: str | None, host: str, port: int, payload: bytes = b"hello\n", timeout: float = 5.0
+    netns: str | None,
+    host: str,
+    port: int,
+    payload: bytes = b"hello\n",
+    timeout: float = 5.0,
+    proto: int = 0,
 ) -> dict[str, Any]:
     """Connect from ``netns`` and return the echo server's JSON answer."""
-    with make_socket(netns, socket.SOCK_STREAM) as sock:
+    with make_socket(netns, socket.SOCK_STREAM, proto=proto) as sock:
         sock.settimeout(timeout)
         sock.connect((host, port))
         sock.sendall(payload)
@@ -117,6 +124,12 @@ class TCPSession:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def sctp_request(
+    netns: str | None, host: str, port: int, payload: bytes = b"hello\n", timeout: float = 5.0
+) -> dict[str, Any]:
+    return tcp_request(netns, host, port, payload, timeout, proto=socket.IPPROTO_SCTP)
 
 
 def udp_request(

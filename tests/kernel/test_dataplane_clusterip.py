@@ -78,3 +78,32 @@ def test_ipvs_filter_rejects_other_ports_on_service_addresses(
         assert netns.tcp_request(node.pods[0].netns, node.ip, 9090)["pod"] == "node-1"
         rules = sh(lab_cluster, node.netns, "iptables -S KUBE-IPVS-FILTER")
         assert "--match-set KUBE-IPVS-IPS dst -j REJECT" in rules
+
+
+def test_sctp_cluster_ip(lab_cluster: Cluster, tmp_path: Path) -> None:
+    node = lab_cluster.node("node-1")
+    svc = service("sctp", "10.96.0.12", ports=[{"name": "s", "port": 9000, "protocol": "SCTP"}])
+    sl = endpoint_slice(
+        "sctp",
+        [endpoint(lab_cluster.node("node-2").pods[0].ip, "node-2")],
+        ports=[{"name": "s", "port": 8080, "protocol": "SCTP"}],
+    )
+    with node_dataplane(lab_cluster, node, tmp_path / "state.json") as ndp:
+        result = ndp.run(lambda dp: (dp.update_service("default/sctp", svc, [sl]), dp.sync())[1])
+        assert result.errors == []
+        answer = netns.sctp_request(node.pods[1].netns, "10.96.0.12", 9000)
+        assert (answer["pod"], answer["proto"]) == ("pod-2-1", "sctp")
+
+
+def test_masquerade_all(lab_cluster: Cluster, tmp_path: Path) -> None:
+    from ipvsproxy.rules import RulesConfig
+
+    node = lab_cluster.node("node-1")
+    svc = service("m", "10.96.0.13")
+    sl = endpoint_slice("m", [endpoint(lab_cluster.node("node-2").pods[0].ip, "node-2")])
+    cfg = RulesConfig(masquerade_all=True, cluster_cidr="10.244.0.0/16")
+    with node_dataplane(lab_cluster, node, tmp_path / "state.json", rules_config=cfg) as ndp:
+        ndp.run(lambda dp: (dp.update_service("default/m", svc, [sl]), dp.sync()))
+        answer = netns.tcp_request(node.pods[1].netns, "10.96.0.13", 80)
+        # Even pod traffic is masqueraded: the backend sees node-1, not the client pod.
+        assert answer["client"].split(":")[0] == node.ip

@@ -115,3 +115,9 @@ def test_iptables_is_the_legacy_backend() -> None:
     assert "legacy" in out.stdout
     # And the nat table, which the nft backend cannot create in this kernel, is usable.
     subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, check=True)
+
+
+def test_sctp_pod_to_pod(lab_cluster: Cluster) -> None:
+    client, server = lab_cluster.node("node-1").pods[0], lab_cluster.node("node-2").pods[1]
+    answer = netns.sctp_request(client.netns, server.ip, 8080)
+    assert (answer["pod"], answer["proto"]) == (server.name, "sctp")
