@@ -1,19 +1,19 @@
-"""ipsets: members added and removed in netlink batches; sets created, read and destroyed with
-the ipset tool.
+"""ipsets: members added and removed in our own netlink batches; sets created and destroyed
+over netlink by pyroute2 (rare), and read with one ``ipset save``.
 
 Members change with every endpoint change, so they go as batched nfnetlink requests (pyroute2's
 IPSet sends one request per entry and waits for each ack), each with its own ack: a refused
-member is named and the rest of the batch applies. Creating, listing and destroying sets is
-rare and the tool knows each set type's revisions; ``ipset restore`` stops at the first line the
-kernel refuses, so such a batch is resumed after that line and every line's outcome is known.
+member is named and the rest of the batch applies. Reading every member back on a full
+reconcile is one ``ipset save`` process, parsed here, much faster than decoding thousands of
+netlink messages with pyroute2.
 """
 
 from __future__ import annotations
 
 import errno
-import re
 import subprocess
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any
 
 from ipvsproxy import ipsets as S
 from ipvsproxy.backends.errors import ApplyError, Rejected
@@ -22,13 +22,12 @@ from ipvsproxy.diff import MemberOp, OpKind
 from ipvsproxy.netlink import ipset_messages as msgs
 from ipvsproxy.netlink.sock import NETLINK_NETFILTER, NetlinkSocket
 
-_ERROR_LINE = re.compile(r"Error in line (\d+): (.*)")
 
-
-def _create_line(spec: S.IPSetSpec) -> str:
+def _creator(spec: S.IPSetSpec) -> Callable[[Any], object]:
+    """Upstream's parameters: bitmaps over every port, hashes of 1024 buckets / 65536 members."""
     if spec.type.startswith("bitmap:"):
-        return f"create {spec.name} {spec.type} range 0-65535"
-    return f"create {spec.name} {spec.type} family inet hashsize 1024 maxelem 65536"
+        return lambda ips: ips.create(spec.name, stype=spec.type, bitmap_ports_range=(0, 65535))
+    return lambda ips: ips.create(spec.name, stype=spec.type, hashsize=1024, maxelem=65536)
 
 
 def normalize_entry(set_type: str, entry: str) -> str:
@@ -75,10 +74,7 @@ class IPSets:
     def ensure(self, existing: Collection[str], names: Iterable[str] = S.NAMES) -> int:
         """Create the sets that are missing; returns how many were created."""
         missing = [S.BY_NAME[n] for n in sorted(names) if n not in existing]
-        if not missing:
-            return 0
-        lines = [_create_line(spec) for spec in missing]
-        self._restore(lines, [f"create ipset {s.name}" for s in missing], "create_set")
+        self._each([f"create ipset {s.name}" for s in missing], [_creator(s) for s in missing])
         return len(missing)
 
     def apply(self, ops: Sequence[MemberOp]) -> int:
@@ -102,35 +98,34 @@ class IPSets:
         return len(ops)
 
     def destroy(self, names: Iterable[str]) -> None:
-        ours = [n for n in names if n in S.NAMES]
-        for name in ours:
-            self._run(["flush", name])
-        if ours:
-            self._restore(
-                [f"destroy {n}" for n in ours], [f"destroy ipset {n}" for n in ours], "destroy"
-            )
+        """Flush and destroy sets with our names (never anyone else's)."""
+        ours = sorted(n for n in names if n in S.NAMES)
 
-    def _restore(self, lines: list[str], what: list[str], kind: str) -> None:
-        rejected: list[Rejected] = []
-        failed: set[int] = set()
-        start = 0
-        while start < len(lines):
-            proc = self._run(["restore"], "\n".join(lines[start:]) + "\n")
-            if proc.returncode == 0:
-                self._count(kind, len(lines) - start, True)
-                break
-            match = _ERROR_LINE.search(proc.stderr)
-            if match is None:
-                raise OSError(f"ipset restore failed: {proc.stderr.strip()}")
-            bad = start + int(match.group(1)) - 1
-            self._count(kind, bad - start, True)
-            self._count(kind, 1, False)
-            rejected.append(Rejected(f"{what[bad]}: {match.group(2).strip()}", errno.EINVAL))
-            failed.add(bad)
-            start = bad + 1
+        def remove(name: str) -> Callable[[Any], None]:
+            def run(ips: Any) -> None:
+                ips.flush(name)
+                ips.destroy(name)
+
+            return run
+
+        self._each([f"destroy ipset {n}" for n in ours], [remove(n) for n in ours])
+
+    def _each(self, what: list[str], actions: list[Callable[[Any], object]]) -> None:
+        """Rare set operations through pyroute2's IPSet (it knows each type's revisions)."""
+        if not actions:
+            return
+        from pyroute2 import IPSet as PyIPSet  # imported when first needed: it is slow
+
+        rejected, failed = [], set()
+        with PyIPSet() as ips:
+            for i, (label, action) in enumerate(zip(what, actions, strict=True)):
+                try:
+                    action(ips)
+                    self.counters.count("set", True)
+                except Exception as exc:  # pyroute2's NetlinkError carries the errno as code
+                    self.counters.count("set", False)
+                    code = int(getattr(exc, "code", 0) or errno.EINVAL)
+                    rejected.append(Rejected(f"{label}: {exc}", code))
+                    failed.add(i)
         if rejected:
-            raise ApplyError(rejected, len(lines) - len(rejected), frozenset(failed))
-
-    def _count(self, kind: str, n: int, ok: bool) -> None:
-        for _ in range(n):
-            self.counters.count(kind, ok)
+            raise ApplyError(rejected, len(actions) - len(rejected), frozenset(failed))
