@@ -86,6 +86,7 @@ class SyncResult:
     writes: int = 0
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    sysctls_set: list[str] = field(default_factory=list)  # kernel settings this sync changed
 
 
 @dataclass
@@ -178,7 +179,7 @@ class Dataplane:
         result = SyncResult(full=True)
         self.pending = Changes()
         try:
-            self.b.sysctls.ensure(required(self.strict_arp))
+            result.sysctls_set = self.b.sysctls.ensure(required(self.strict_arp))
             self.observed = self._read_kernel()
         except OSError as exc:
             result.errors.append(f"reading the kernel: {exc}")
@@ -406,6 +407,10 @@ class Dataplane:
         result.writes = self.b.writes() - writes
         result.seconds = time.monotonic() - start
         return result
+
+    def sysctls(self) -> dict[str, str]:
+        """The kernel settings IPVS forwarding needs, as they are now (for status and logs)."""
+        return self.b.sysctls.read(required(self.strict_arp))
 
     def _remove_addresses(self, bound: set[str]) -> None:
         """Unbind our addresses; the device goes only if nothing excluded is left on it."""

@@ -59,14 +59,33 @@ JUMPS = (
 
 @dataclass(frozen=True, slots=True)
 class RulesConfig:
+    """``detect_local`` is upstream's detectLocalMode: ClusterCIDR and NodeCIDR take a CIDR in
+    ``local_value``, BridgeInterface an interface name, InterfaceNamePrefix a name prefix."""
+
     masquerade_all: bool = False
     masquerade_bit: int = 14
-    cluster_cidr: str | None = None  # the local-traffic detector (detectLocalMode ClusterCIDR)
+    cluster_cidr: str | None = None
     random_fully: bool = True
+    detect_local: str = "ClusterCIDR"
+    local_value: str | None = None
 
     @property
     def mark(self) -> str:
         return f"{1 << self.masquerade_bit:#x}"
+
+    def if_not_local(self) -> str | None:
+        """The match for traffic that does not come from a local pod (None: undetectable)."""
+        mode = self.detect_local or "ClusterCIDR"
+        value = self.local_value or (self.cluster_cidr if mode == "ClusterCIDR" else None)
+        if not value:
+            return None
+        if mode in ("ClusterCIDR", "NodeCIDR"):
+            return f"! -s {value}"
+        if mode == "BridgeInterface":
+            return f"! -i {value}"
+        if mode == "InterfaceNamePrefix":
+            return f"! -i {value}+"
+        raise ValueError(f"detectLocalMode {mode!r} is not supported")
 
 
 def _c(name: str) -> str:
@@ -108,10 +127,11 @@ def _nat(cfg: RulesConfig, sets: frozenset[str]) -> list[str]:
             )
     if S.CLUSTER_IP in sets:
         head = f"-A KUBE-SERVICES {_c(S.CLUSTER_IP)} -m set --match-set {S.CLUSTER_IP}"
+        not_local = cfg.if_not_local()
         if cfg.masquerade_all:
             r.append(f"{head} dst,dst -j KUBE-MARK-MASQ")
-        elif cfg.cluster_cidr:
-            r.append(f"{head} dst,dst ! -s {cfg.cluster_cidr} -j KUBE-MARK-MASQ")
+        elif not_local:
+            r.append(f"{head} dst,dst {not_local} -j KUBE-MARK-MASQ")
         else:
             r.append(f"{head} src,dst -j KUBE-MARK-MASQ")
     for name, masq in ((S.EXTERNAL_IP, True), (S.EXTERNAL_IP_LOCAL, False)):

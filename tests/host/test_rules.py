@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ipvsproxy import ipsets as S
 from ipvsproxy.model import Protocol
 from ipvsproxy.plan import OutFilter
@@ -86,3 +88,22 @@ def test_out_filter_rules() -> None:
 def test_rendering_is_deterministic() -> None:
     f = [OutFilter("203.0.113.5", Protocol.TCP, 443), OutFilter("203.0.113.6", Protocol.UDP, 53)]
     assert render(RulesConfig(), ALL, f) == render(RulesConfig(), ALL, list(f))
+
+
+def test_every_local_traffic_detector() -> None:
+    def masq(cfg: RulesConfig) -> str:
+        text = render(cfg, ALL, [])
+        (rule,) = [
+            r for r in lines(text, "KUBE-SERVICES") if "CLUSTER-IP dst,dst " in r and "MASQ" in r
+        ]
+        return rule
+
+    assert "! -s 10.244.1.0/24 -j" in masq(
+        RulesConfig(detect_local="NodeCIDR", local_value="10.244.1.0/24")
+    )
+    assert "! -i cni0 -j" in masq(RulesConfig(detect_local="BridgeInterface", local_value="cni0"))
+    assert "! -i veth+ -j" in masq(
+        RulesConfig(detect_local="InterfaceNamePrefix", local_value="veth")
+    )
+    with pytest.raises(ValueError, match="Bogus"):
+        render(RulesConfig(detect_local="Bogus", local_value="x"), ALL, [])

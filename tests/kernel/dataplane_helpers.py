@@ -41,6 +41,7 @@ class NodeDataplane:
                 plan_config=kwargs.get("plan_config", PlanConfig()),
                 rules_config=kwargs.get("rules_config", RulesConfig(cluster_cidr=CLUSTER_CIDR)),
                 exclude_cidrs=kwargs.get("exclude_cidrs", ()),
+                strict_arp=kwargs.get("strict_arp", False),
             )
 
     def run(self, fn: Callable[[Dataplane], T]) -> T:

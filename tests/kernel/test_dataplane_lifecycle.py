@@ -204,3 +204,22 @@ def test_exclude_cidrs_are_never_touched(lab_cluster: Cluster, tmp_path: Path) -
     assert "10.100.0.5:80" in sh(lab_cluster, n1.netns, "ipvsadm -Ln")
     sh(lab_cluster, n1.netns, "ip link del kube-ipvs0", check=False)
     sh(lab_cluster, n1.netns, "ipvsadm -D -t 10.100.0.5:80", check=False)
+
+
+def test_sysctls_are_set_and_reported(lab_cluster: Cluster, tmp_path: Path) -> None:
+    n3 = lab_cluster.node("node-3")
+    for name in ("expire_nodest_conn", "expire_quiescent_template"):
+        sh(lab_cluster, n3.netns, f"echo 0 > /proc/sys/net/ipv4/vs/{name}")
+    with node_dataplane(lab_cluster, n3, tmp_path / "s.json", strict_arp=True) as ndp:
+        result = ndp.run(lambda dp: dp.sync())
+        assert "net/ipv4/vs/expire_nodest_conn" in result.sysctls_set
+        assert "net/ipv4/conf/all/arp_announce" in result.sysctls_set
+        assert ndp.run(lambda dp: dp.sysctls()) == {
+            "net/ipv4/vs/conntrack": "1",
+            "net/ipv4/vs/expire_nodest_conn": "1",
+            "net/ipv4/vs/expire_quiescent_template": "1",
+            "net/ipv4/ip_forward": "1",
+            "net/ipv4/conf/all/arp_ignore": "1",
+            "net/ipv4/conf/all/arp_announce": "2",
+        }
+        assert ndp.run(lambda dp: dp.reconcile()).sysctls_set == []
