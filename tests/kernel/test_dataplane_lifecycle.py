@@ -223,3 +223,40 @@ def test_sysctls_are_set_and_reported(lab_cluster: Cluster, tmp_path: Path) -> N
             "net/ipv4/conf/all/arp_announce": "2",
         }
         assert ndp.run(lambda dp: dp.reconcile()).sysctls_set == []
+
+
+def test_reconcile_repairs_drift_of_every_kind(lab_cluster: Cluster, tmp_path: Path) -> None:
+    n1 = lab_cluster.node("node-1")
+    svc = service("d", "10.96.6.1")
+    sl = endpoint_slice("d", [endpoint(p.ip, p.node) for p in lab_cluster.pods[:2]])
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        ndp.run(lambda dp: (dp.update_service("default/d", svc, [sl]), sync_ok(dp)))
+        healthy = sh(lab_cluster, n1.netns, "ipvsadm -Sn; ipset save; ip -o addr show kube-ipvs0")
+        rules = sh(lab_cluster, n1.netns, "iptables-save | grep -v '^#' | sed 's/\\[[0-9:]*\\]//'")
+        sh(
+            lab_cluster,
+            n1.netns,
+            f"ipvsadm -d -t 10.96.6.1:80 -r {lab_cluster.pods[0].ip}:8080;"
+            " ipset del KUBE-CLUSTER-IP 10.96.6.1,tcp:80;"
+            " iptables -t nat -F KUBE-SERVICES;"
+            " iptables -t nat -D PREROUTING -m comment --comment 'kubernetes service portals'"
+            " -j KUBE-SERVICES",
+        )
+        # Traffic to the drifted ones is off: the incremental sync does not look at the kernel.
+        assert ndp.run(lambda dp: dp.sync()).writes == 0
+        repaired = ndp.run(lambda dp: dp.reconcile())
+        assert repaired.errors == []
+        assert repaired.writes == 3  # the real server, the ipset member, one iptables-restore
+        assert (
+            sh(lab_cluster, n1.netns, "ipvsadm -Sn; ipset save; ip -o addr show kube-ipvs0")
+            == healthy
+        )
+        assert (
+            sh(lab_cluster, n1.netns, "iptables-save | grep -v '^#' | sed 's/\\[[0-9:]*\\]//'")
+            == rules
+        )
+        assert ndp.run(lambda dp: dp.reconcile()).writes == 0
+        # An address removed by hand comes back too.
+        sh(lab_cluster, n1.netns, "ip addr del 10.96.6.1/32 dev kube-ipvs0")
+        assert ndp.run(lambda dp: dp.reconcile()).writes == 1
+        assert netns.tcp_request(n1.pods[1].netns, "10.96.6.1", 80)["pod"] in {"pod-1-1", "pod-1-2"}
