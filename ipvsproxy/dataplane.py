@@ -133,14 +133,18 @@ class Dataplane:
     def update_service(
         self, service: str, svc: Mapping[str, Any] | None, slices: Iterable[Mapping[str, Any]]
     ) -> str | None:
-        """Re-plan one Service (None: deleted); returns why it cannot be programmed, if so."""
+        """Re-plan one Service (None: deleted); returns why it cannot be programmed, if so.
+
+        An update that cannot be programmed keeps what the Service had (last known good): a bad
+        edit must not take a working Service down.
+        """
         plan = plan_service(svc, slices, self.node, self.plan_config)
-        self.pending.merge(self.desired.update(service, plan))
         if plan.error:
             self.errors[service] = plan.error
-        else:
-            self.errors.pop(service, None)
-        return plan.error
+            return plan.error
+        self.errors.pop(service, None)
+        self.pending.merge(self.desired.update(service, plan))
+        return None
 
     # -- ownership ---------------------------------------------------------------------------
 

@@ -1,0 +1,43 @@
+"""The dataplane's bookkeeping of Service updates (no kernel: nothing is synced here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ipvsproxy.dataplane import Backends, Dataplane
+from ipvsproxy.desired import Changes
+from ipvsproxy.model import Protocol, ServiceKey
+from ipvsproxy.plan import NodeFacts
+from tests.host.k8s_objects import endpoint, endpoint_slice, service
+
+
+def dataplane(tmp_path: Path) -> Dataplane:
+    unused: Any = None  # update_service never touches the kernel
+    return Dataplane(NodeFacts("node-1"), Backends(*[unused] * 6), tmp_path / "state.json")
+
+
+def test_an_invalid_update_keeps_the_last_good_plan_and_says_why(tmp_path: Path) -> None:
+    dp = dataplane(tmp_path)
+    sl = endpoint_slice("web", [endpoint("10.244.1.11")])
+    assert dp.update_service("default/web", service("web", "10.96.0.10"), [sl]) is None
+    key = ServiceKey("10.96.0.10", Protocol.TCP, 80)
+    assert key in dp.desired.virtual_servers
+    dp.pending = Changes()  # as after a sync
+    bad = service("web", "10.96.0.10", externalIPs=["300.1.2.3"])
+    error = dp.update_service("default/web", bad, [sl])
+    assert error is not None and "default/web" in error and "externalIP" in error
+    assert dp.errors == {"default/web": error}
+    assert key in dp.desired.virtual_servers  # still programmed as before
+    assert not dp.pending  # nothing to do
+    # Fixed again: the error goes away.
+    assert dp.update_service("default/web", service("web", "10.96.0.10"), [sl]) is None
+    assert dp.errors == {}
+
+
+def test_deleting_a_service_removes_its_plan(tmp_path: Path) -> None:
+    dp = dataplane(tmp_path)
+    dp.update_service("default/web", service("web", "10.96.0.10"), [])
+    dp.update_service("default/web", None, [])
+    assert dp.desired.virtual_servers == {}
+    assert ServiceKey("10.96.0.10", Protocol.TCP, 80) in dp.pending.services
