@@ -1,17 +1,15 @@
-"""ipsets: members added and removed in our own netlink batches; sets created and destroyed
-over netlink by pyroute2 (rare), and read with one ``ipset save``.
+"""ipsets over netlink: members added, removed and dumped with our own lean messages, in
+batches; sets created and destroyed by pyroute2 (rare: it knows each type's revisions).
 
 Members change with every endpoint change, so they go as batched nfnetlink requests (pyroute2's
 IPSet sends one request per entry and waits for each ack), each with its own ack: a refused
-member is named and the rest of the batch applies. Reading every member back on a full
-reconcile is one ``ipset save`` process, parsed here, much faster than decoding thousands of
-netlink messages with pyroute2.
+member is named and the rest of the batch applies. A full reconcile reads every member back in
+one dump, decoded here rather than by pyroute2's codec (~200 µs a message).
 """
 
 from __future__ import annotations
 
 import errno
-import subprocess
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
@@ -30,45 +28,24 @@ def _creator(spec: S.IPSetSpec) -> Callable[[Any], object]:
     return lambda ips: ips.create(spec.name, stype=spec.type, hashsize=1024, maxelem=65536)
 
 
-def normalize_entry(set_type: str, entry: str) -> str:
-    """``ipset save`` prints a /32 net without its prefix; the planner always writes one."""
-    if set_type == "hash:ip,port,net":
-        head, _, net = entry.rpartition(",")
-        if "/" not in net:
-            return f"{head},{net}/32"
-    return entry
-
-
 class IPSets:
-    def __init__(self, binary: str = "ipset") -> None:
-        self.binary = binary
+    def __init__(self) -> None:
         self.counters = Counters()
         self.sock = NetlinkSocket(NETLINK_NETFILTER)
 
     def close(self) -> None:
         self.sock.close()
 
-    def _run(
-        self, args: Sequence[str], stdin: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [self.binary, *args], input=stdin, capture_output=True, text=True, check=False
-        )
-
     def read(self) -> dict[str, set[str]]:
         """Members of every ipvsproxy-named set that exists (others are not ours to read)."""
-        proc = self._run(["save"])
-        if proc.returncode != 0:
-            raise OSError(f"ipset save failed: {proc.stderr.strip()}")
+        seq = self.sock.next_seq()
         sets: dict[str, set[str]] = {}
-        types: dict[str, str] = {}
-        for line in proc.stdout.splitlines():
-            parts = line.split()
-            if len(parts) >= 3 and parts[0] == "create" and parts[1] in S.NAMES:
-                sets[parts[1]] = set()
-                types[parts[1]] = parts[2]
-            elif len(parts) >= 3 and parts[0] == "add" and parts[1] in sets:
-                sets[parts[1]].add(normalize_entry(types[parts[1]], parts[2]))
+        for msg in self.sock.dump(msgs.list_request(seq), seq):
+            parsed = msgs.parse_list(msg)
+            if parsed is None or parsed[0] not in S.NAMES:
+                continue
+            name, _type, members = parsed
+            sets.setdefault(name, set()).update(members)
         return sets
 
     def ensure(self, existing: Collection[str], names: Iterable[str] = S.NAMES) -> int:

@@ -113,6 +113,17 @@ def attrs_of(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]:
     return found
 
 
+def iter_attrs(data: bytes, start: int, end: int) -> Iterator[tuple[int, tuple[int, int]]]:
+    """Attributes in order, repeats included (lists such as ipset's ADT)."""
+    off = start
+    while off + 4 <= end:
+        length, kind = _NLAHDR.unpack_from(data, off)
+        if length < 4:
+            break
+        yield kind & NLA_TYPE_MASK, (off + 4, off + length)
+        off += _pad(length)
+
+
 def get_u16(data: bytes, span: tuple[int, int]) -> int:
     value: int = _U16.unpack_from(data, span[0])[0]
     return value

@@ -13,6 +13,7 @@ from ipvsproxy.netlink import codec
 
 NFNL_SUBSYS_IPSET = 6
 IPSET_PROTOCOL = 6
+CMD_LIST = 7
 CMD_ADD = 9
 CMD_DEL = 10
 NLM_F_EXCL = 0x200
@@ -20,7 +21,9 @@ NLA_F_NET_BYTEORDER = 0x4000
 
 ATTR_PROTOCOL = 1
 ATTR_SETNAME = 2
+ATTR_TYPENAME = 3
 ATTR_DATA = 7
+ATTR_ADT = 8
 ATTR_LINENO = 9
 DATA_IP = 1
 DATA_CIDR = 3
@@ -33,6 +36,7 @@ IPADDR_IPV4 = 1
 _NLMSGHDR = struct.Struct("=IHHII")
 _NFGENMSG = struct.Struct("=BBH")
 _PROTOS = {"tcp": 6, "udp": 17, "sctp": 132}
+_PROTO_NAMES = {v: k for k, v in _PROTOS.items()}
 
 # ipset's own error numbers (IPSET_ERR_*), which the kernel returns as negative errnos.
 ERRORS = {
@@ -93,3 +97,53 @@ def member_message(seq: int, add: bool, set_name: str, set_type: str, entry: str
     kind = (NFNL_SUBSYS_IPSET << 8) | (CMD_ADD if add else CMD_DEL)
     flags = codec.NLM_F_REQUEST | codec.NLM_F_ACK | NLM_F_EXCL
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags, seq, 0) + body
+
+
+def list_request(seq: int) -> bytes:
+    """Dump every set with its members (what ``ipset list`` asks for)."""
+    body = _NFGENMSG.pack(socket.AF_INET, 0, 0) + _u8(ATTR_PROTOCOL, IPSET_PROTOCOL)
+    kind = (NFNL_SUBSYS_IPSET << 8) | CMD_LIST
+    flags = codec.NLM_F_REQUEST | codec.NLM_F_DUMP
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags, seq, 0) + body
+
+
+def _ipv4(data: bytes, span: tuple[int, int]) -> str:
+    inner = codec.attrs_of(data, span[0], span[1])
+    return socket.inet_ntop(socket.AF_INET, codec.get_bytes(data, inner[IPADDR_IPV4])[:4])
+
+
+def entry_text(set_type: str, data: bytes, span: tuple[int, int]) -> str:
+    """One member (an IPSET_ATTR_DATA of a list reply) in ipset's text form."""
+    a = codec.attrs_of(data, span[0], span[1])
+    if set_type == "bitmap:port":
+        return str(struct.unpack_from("!H", data, a[DATA_PORT][0])[0])
+    ip = _ipv4(data, a[DATA_IP])
+    if set_type == "hash:ip":
+        return ip
+    port = struct.unpack_from("!H", data, a[DATA_PORT][0])[0]
+    proto_num = data[a[DATA_PROTO][0]]
+    text = f"{ip},{_PROTO_NAMES.get(proto_num, str(proto_num))}:{port}"
+    if set_type == "hash:ip,port":
+        return text
+    ip2 = _ipv4(data, a[DATA_IP2])
+    if set_type == "hash:ip,port,ip":
+        return f"{text},{ip2}"
+    cidr = data[a[DATA_CIDR2][0]] if DATA_CIDR2 in a else 32
+    return f"{text},{ip2}/{cidr}"
+
+
+def parse_list(msg: codec.Message) -> tuple[str, str, list[str]] | None:
+    """(set name, type, members) from one list reply; a large set spans several replies."""
+    start = msg.start + _NFGENMSG.size
+    top = codec.attrs_of(msg.data, start, msg.end)
+    if ATTR_SETNAME not in top or ATTR_TYPENAME not in top:
+        return None
+    name = codec.get_str(msg.data, top[ATTR_SETNAME])
+    set_type = codec.get_str(msg.data, top[ATTR_TYPENAME])
+    members = []
+    if ATTR_ADT in top:
+        adt = top[ATTR_ADT]
+        for kind, span in codec.iter_attrs(msg.data, adt[0], adt[1]):
+            if kind == ATTR_DATA:
+                members.append(entry_text(set_type, msg.data, span))
+    return name, set_type, members
