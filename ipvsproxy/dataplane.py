@@ -185,7 +185,7 @@ class Dataplane:
         try:
             result.sysctls_set = self.b.sysctls.ensure(required(self.strict_arp))
             self.observed = self._read_kernel()
-        except OSError as exc:
+        except (ApplyError, OSError) as exc:
             result.errors.append(f"reading the kernel: {exc}")
             return result
         everything = Changes(
@@ -216,15 +216,14 @@ class Dataplane:
         for name in S.NAMES:
             members.setdefault(name, set())
         ipt = self.b.iptables.read()
-        digest = hashlib.sha256(self._rules_text().encode()).hexdigest()
+        text = self._rules_text()
+        # Our chains are as we last wrote them: same rendering, same kernel copy, jumps in place.
         same_rules = (
             not ipt.missing_jumps
-            and digest == self.state.rules_digest
+            and hashlib.sha256(text.encode()).hexdigest() == self.state.rules_digest
             and ipt.fingerprint == self.state.iptables_fingerprint
         )
-        return _Observed(
-            services, dests, bound, members, self._rules_text() if same_rules else None
-        )
+        return _Observed(services, dests, bound, members, text if same_rules else None)
 
     def _rules_text(self) -> str:
         return rules.render(

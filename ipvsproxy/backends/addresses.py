@@ -6,8 +6,7 @@ import errno
 import socket
 from collections.abc import Sequence
 
-from ipvsproxy.backends.errors import ApplyError, Rejected
-from ipvsproxy.backends.ipvs import Counters
+from ipvsproxy.backends.errors import Counters, Result, settle
 from ipvsproxy.diff import AddressOp, OpKind
 from ipvsproxy.netlink import rtnl_messages as r
 from ipvsproxy.netlink.sock import NETLINK_ROUTE, NetlinkSocket
@@ -85,12 +84,8 @@ class Addresses:
             seq = self.sock.next_seq()
             build = r.add_address if op.kind is OpKind.ADD else r.del_address
             requests.append((seq, build(seq, index, op.address)))
-        rejected, failed = [], set()
-        for i, (op, outcome) in enumerate(zip(ops, self.sock.execute(requests), strict=True)):
-            self.counters.count(f"{op.kind}_address", outcome.ok)
-            if not outcome.ok:
-                rejected.append(Rejected(f"{op} on {self.device}", outcome.errno))
-                failed.add(i)
-        if rejected:
-            raise ApplyError(rejected, len(ops) - len(rejected), frozenset(failed))
-        return len(ops)
+        results = [
+            Result(f"{op.kind}_address", f"{op} on {self.device}", o.errno)
+            for op, o in zip(ops, self.sock.execute(requests), strict=True)
+        ]
+        return settle(results, self.counters)

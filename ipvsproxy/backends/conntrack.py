@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from ipvsproxy.backends.ipvs import Counters
+from ipvsproxy.backends.errors import Counters
 from ipvsproxy.model import DestKey, ServiceKey
 
 

@@ -1,9 +1,11 @@
-"""Errors that name the object the kernel refused, so nothing fails silently in a batch."""
+"""Outcomes of writes: counted by kind, and errors that name the object the kernel refused, so
+nothing fails silently in a batch."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,3 +33,41 @@ class ApplyError(RuntimeError):
         shown = "; ".join(str(r) for r in rejected[:5])
         more = f" (and {len(rejected) - 5} more)" if len(rejected) > 5 else ""
         super().__init__(f"{len(rejected)} operations rejected, {applied} applied: {shown}{more}")
+
+
+@dataclass
+class Counters:
+    """Write operations by kind and outcome, for metrics and for tests that count them."""
+
+    ok: dict[str, int] = field(default_factory=dict)
+    failed: dict[str, int] = field(default_factory=dict)
+
+    def count(self, kind: str, ok: bool) -> None:
+        bucket = self.ok if ok else self.failed
+        bucket[kind] = bucket.get(kind, 0) + 1
+
+    @property
+    def writes(self) -> int:
+        return sum(self.ok.values()) + sum(self.failed.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One write's outcome: ``errno`` 0 for success."""
+
+    kind: str  # counter name, e.g. "add_dest"
+    what: str  # the operation, for the error message
+    errno: int
+
+
+def settle(results: Sequence[Result], counters: Counters) -> int:
+    """Count every outcome; raise ApplyError naming the rejected ones, else return the count."""
+    rejected, failed = [], set()
+    for i, r in enumerate(results):
+        counters.count(r.kind, r.errno == 0)
+        if r.errno:
+            rejected.append(Rejected(r.what, r.errno))
+            failed.add(i)
+    if rejected:
+        raise ApplyError(rejected, len(results) - len(rejected), frozenset(failed))
+    return len(results)

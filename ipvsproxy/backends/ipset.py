@@ -14,8 +14,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from ipvsproxy import ipsets as S
-from ipvsproxy.backends.errors import ApplyError, Rejected
-from ipvsproxy.backends.ipvs import Counters
+from ipvsproxy.backends.errors import Counters, Result, settle
 from ipvsproxy.diff import MemberOp, OpKind
 from ipvsproxy.netlink import ipset_messages as msgs
 from ipvsproxy.netlink.sock import NETLINK_NETFILTER, NetlinkSocket
@@ -63,16 +62,11 @@ class IPSets:
             set_type = S.BY_NAME[op.set_name].type
             add = op.kind is OpKind.ADD
             requests.append((seq, msgs.member_message(seq, add, op.set_name, set_type, op.entry)))
-        rejected, failed = [], set()
-        for i, (op, outcome) in enumerate(zip(ops, self.sock.execute(requests), strict=True)):
-            self.counters.count(f"{op.kind}_member", outcome.ok)
-            if not outcome.ok:
-                reason = msgs.ERRORS.get(outcome.errno, outcome.message)
-                rejected.append(Rejected(f"{op}: {reason}", outcome.errno))
-                failed.add(i)
-        if rejected:
-            raise ApplyError(rejected, len(ops) - len(rejected), frozenset(failed))
-        return len(ops)
+        results = [
+            Result(f"{op.kind}_member", f"{op}: {msgs.ERRORS.get(o.errno, o.message)}", o.errno)
+            for op, o in zip(ops, self.sock.execute(requests), strict=True)
+        ]
+        return settle(results, self.counters)
 
     def destroy(self, names: Iterable[str]) -> None:
         """Flush and destroy sets with our names (never anyone else's)."""
@@ -93,16 +87,13 @@ class IPSets:
             return
         from pyroute2 import IPSet as PyIPSet  # imported when first needed: it is slow
 
-        rejected, failed = [], set()
+        results = []
         with PyIPSet() as ips:
-            for i, (label, action) in enumerate(zip(what, actions, strict=True)):
+            for label, action in zip(what, actions, strict=True):
                 try:
                     action(ips)
-                    self.counters.count("set", True)
+                    results.append(Result("set", label, 0))
                 except Exception as exc:  # pyroute2's NetlinkError carries the errno as code
-                    self.counters.count("set", False)
                     code = int(getattr(exc, "code", 0) or errno.EINVAL)
-                    rejected.append(Rejected(f"{label}: {exc}", code))
-                    failed.add(i)
-        if rejected:
-            raise ApplyError(rejected, len(actions) - len(rejected), frozenset(failed))
+                    results.append(Result("set", f"{label}: {exc}", code))
+        settle(results, self.counters)

@@ -13,8 +13,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ipvsproxy.backends.errors import ApplyError, Rejected
-from ipvsproxy.backends.ipvs import Counters
+from ipvsproxy.backends.errors import ApplyError, Counters, Rejected
 from ipvsproxy.rules import FILTER_CHAINS, JUMPS, NAT_CHAINS, Jump
 
 OURS = {"nat": set(NAT_CHAINS), "filter": set(FILTER_CHAINS)}

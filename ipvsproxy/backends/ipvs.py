@@ -3,29 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from ipvsproxy.backends.errors import ApplyError, Rejected
+from ipvsproxy.backends.errors import ApplyError, Counters, Rejected, Result, settle
 from ipvsproxy.diff import DestOp, OpKind, ServiceOp
 from ipvsproxy.model import DestKey, ObservedDest, ServiceKey, VirtualServer
 from ipvsproxy.netlink import ipvs_messages as m
 from ipvsproxy.netlink.sock import NETLINK_GENERIC, NetlinkSocket, resolve_family
-
-
-@dataclass
-class Counters:
-    """Write operations by kind and outcome, for metrics and for tests that count them."""
-
-    ok: dict[str, int] = field(default_factory=dict)
-    failed: dict[str, int] = field(default_factory=dict)
-
-    def count(self, kind: str, ok: bool) -> None:
-        bucket = self.ok if ok else self.failed
-        bucket[kind] = bucket.get(kind, 0) + 1
-
-    @property
-    def writes(self) -> int:
-        return sum(self.ok.values()) + sum(self.failed.values())
 
 
 class IPVS:
@@ -79,16 +62,13 @@ class IPVS:
             seq = self.sock.next_seq()
             requests.append((seq, self._encode(seq, op)))
         outcomes = self.sock.execute(requests)
-        rejected, failed = [], set()
-        for i, (op, outcome) in enumerate(zip(ops, outcomes, strict=True)):
-            kind = f"{op.kind}_{'service' if isinstance(op, ServiceOp) else 'dest'}"
-            self.counters.count(kind, outcome.ok)
-            if not outcome.ok:
-                rejected.append(Rejected(str(op), outcome.errno))
-                failed.add(i)
-        if rejected:
-            raise ApplyError(rejected, len(ops) - len(rejected), frozenset(failed))
-        return len(ops)
+        results = [
+            Result(
+                f"{op.kind}_{'service' if isinstance(op, ServiceOp) else 'dest'}", str(op), o.errno
+            )
+            for op, o in zip(ops, outcomes, strict=True)
+        ]
+        return settle(results, self.counters)
 
     def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
         seq = self.sock.next_seq()

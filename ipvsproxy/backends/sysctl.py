@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ipvsproxy.backends.ipvs import Counters
+from ipvsproxy.backends.errors import Counters
 
 PROC = Path("/proc/sys")
 

@@ -101,18 +101,6 @@ def messages(data: bytes) -> Iterator[Message]:
         off += _pad(length)
 
 
-def attrs_of(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]:
-    found: dict[int, tuple[int, int]] = {}
-    off = start
-    while off + 4 <= end:
-        length, kind = _NLAHDR.unpack_from(data, off)
-        if length < 4:
-            break
-        found[kind & NLA_TYPE_MASK] = (off + 4, off + length)
-        off += _pad(length)
-    return found
-
-
 def iter_attrs(data: bytes, start: int, end: int) -> Iterator[tuple[int, tuple[int, int]]]:
     """Attributes in order, repeats included (lists such as ipset's ADT)."""
     off = start
@@ -122,6 +110,11 @@ def iter_attrs(data: bytes, start: int, end: int) -> Iterator[tuple[int, tuple[i
             break
         yield kind & NLA_TYPE_MASK, (off + 4, off + length)
         off += _pad(length)
+
+
+def attrs_of(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]:
+    """Attributes by kind: kind -> (start, end) of the payload."""
+    return dict(iter_attrs(data, start, end))
 
 
 def get_u16(data: bytes, span: tuple[int, int]) -> int:
