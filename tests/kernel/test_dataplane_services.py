@@ -228,3 +228,31 @@ def test_udp_clients_move_when_their_backend_goes(lab_cluster: Cluster, tmp_path
         table = sh(lab_cluster, n1.netns, "ipvsadm -Ln -u 10.96.1.10:53")
         assert f"{leaving.ip}:8080" not in table and f"{staying.ip}:8080" in table
         assert ask()["pod"] == staying.name
+
+
+def test_skipped_services_and_merged_slices(lab_cluster: Cluster, tmp_path: Path) -> None:
+    n1 = lab_cluster.node("node-1")
+    p = lab_cluster.pods
+    eps = [endpoint(x.ip, x.node) for x in p[:3]]
+    skipped = [
+        service("headless", "None"),
+        service("lbl", "10.96.7.2", labels={"service.kubernetes.io/headless": ""}),
+        service("other", "10.96.7.3", labels={"service.kubernetes.io/service-proxy-name": "x"}),
+        {
+            "metadata": {"name": "ext", "namespace": "default"},
+            "spec": {"type": "ExternalName", "externalName": "example.com"},
+        },
+    ]
+    merged = service("merged", "10.96.7.4")
+    slices = [
+        endpoint_slice("merged", eps[:2], name="merged-a"),
+        endpoint_slice("merged", eps[1:], name="merged-b"),  # eps[1] in both
+    ]
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        program(ndp, *[(svc, [endpoint_slice(svc["metadata"]["name"], eps)]) for svc in skipped])
+        program(ndp, (merged, slices))
+        table = sh(lab_cluster, n1.netns, "ipvsadm -Ln")
+        assert "10.96.7.2" not in table and "10.96.7.3" not in table
+        assert sh(lab_cluster, n1.netns, "ipvsadm -Sn").count("-a -t 10.96.7.4:80") == 3
+        pods = {netns.tcp_request(n1.pods[1].netns, "10.96.7.4", 80)["pod"] for _ in range(6)}
+        assert pods == {x.name for x in p[:3]}
