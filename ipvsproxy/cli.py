@@ -1,7 +1,7 @@
 """The ``ipvsproxy`` command line.
 
-Subcommands that later work fills in exit with status 2 and say so, so that a DaemonSet
-pointed at an unfinished build fails loudly instead of pretending to proxy.
+``status`` is not implemented yet: it exits with status 2 and says so, so that nobody mistakes
+an unfinished build for a working one.
 """
 
 from __future__ import annotations
@@ -10,8 +10,13 @@ import argparse
 import platform
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ipvsproxy import __version__
+
+if TYPE_CHECKING:
+    from ipvsproxy.config import ProxyConfig as ProxyConfigT
 
 NOT_IMPLEMENTED = 2
 
@@ -26,16 +31,62 @@ def _cmd_version(_args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_run(_args: argparse.Namespace) -> int:
-    return _not_implemented("run")
+def _load(command: str, argv: Sequence[str]) -> ProxyConfigT | None:
+    from ipvsproxy import config, logs
+
+    if "-h" in argv or "--help" in argv:
+        parser = argparse.ArgumentParser(
+            prog=f"ipvsproxy {command}",
+            description="Flags as upstream kube-proxy's; they override --config's file.",
+        )
+        config.add_flags(parser)
+        parser.print_help()
+        raise SystemExit(0)
+    try:
+        cfg = config.load(argv)
+    except config.ConfigError as exc:
+        print(f"ipvsproxy {command}: invalid configuration: {exc}", file=sys.stderr)
+        return None
+    logs.setup(cfg.log_format, cfg.verbosity)
+    return cfg
+
+
+def cmd_run(argv: Sequence[str]) -> int:
+    cfg = _load("run", argv)
+    if cfg is None:
+        return 1
+    from ipvsproxy import daemon
+
+    return daemon.run(cfg)
+
+
+def cmd_cleanup(argv: Sequence[str]) -> int:
+    """Remove what ipvsproxy created on this node; nothing to remove is success."""
+    cfg = _load("cleanup", argv)
+    if cfg is None:
+        return 1
+    from ipvsproxy.dataplane import Backends, Dataplane
+    from ipvsproxy.plan import NodeFacts
+
+    backends = Backends.open()
+    try:
+        dp = Dataplane(
+            NodeFacts(cfg.hostname_override or ""),
+            backends,
+            Path(cfg.state_path),
+            exclude_cidrs=cfg.exclude_cidrs,
+        )
+        result = dp.cleanup()
+    finally:
+        backends.close()
+    for err in result.errors:
+        print(f"ipvsproxy cleanup: {err}", file=sys.stderr)
+    print(f"ipvsproxy cleanup: {result.writes} writes")
+    return 1 if result.errors else 0
 
 
 def _cmd_status(_args: argparse.Namespace) -> int:
     return _not_implemented("status")
-
-
-def _cmd_cleanup(_args: argparse.Namespace) -> int:
-    return _not_implemented("cleanup")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,9 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands = {
-        "run": (_cmd_run, "watch the API server and program this node's IPVS dataplane"),
+        "run": (_not_parsed, "watch the API server and program this node's IPVS dataplane"),
         "status": (_cmd_status, "show this node's virtual servers with their Kubernetes identity"),
-        "cleanup": (_cmd_cleanup, "remove everything ipvsproxy created on this node"),
+        "cleanup": (_not_parsed, "remove everything ipvsproxy created on this node"),
         "version": (_cmd_version, "print the version"),
     }
     for name, (func, help_text) in commands.items():
@@ -56,7 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _not_parsed(_args: argparse.Namespace) -> int:
+    raise AssertionError("run and cleanup parse their own flags")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # run and cleanup take kube-proxy's flags (ipvsproxy/config.py parses them).
+    if argv[:1] == ["run"]:
+        return cmd_run(argv[1:])
+    if argv[:1] == ["cleanup"]:
+        return cmd_cleanup(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

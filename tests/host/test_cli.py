@@ -27,12 +27,19 @@ def test_help_lists_every_subcommand() -> None:
         assert name in proc.stdout
 
 
-@pytest.mark.parametrize("command", ["run", "status", "cleanup"])
-def test_unfinished_commands_exit_2_with_a_clear_message(
+def test_status_is_not_implemented_yet(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["status"]) == 2
+    assert "not implemented yet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["run", "cleanup"])
+def test_an_invalid_configuration_fails_before_anything_runs(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main([command]) == 2
-    assert "not implemented yet" in capsys.readouterr().err
+    assert cli.main([command, "--proxy-mode", "iptables"]) == 1
+    err = capsys.readouterr().err
+    assert f"ipvsproxy {command}: invalid configuration" in err
+    assert "ipvs" in err
 
 
 def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

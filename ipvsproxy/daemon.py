@@ -1,0 +1,302 @@
+"""``ipvsproxy run``: informers feed changed Services to the dataplane; a runner syncs them.
+
+Watch events only mark Services as changed. The runner applies the marked ones no more often
+than minSyncPeriod, and every syncPeriod runs a full reconcile that reads the kernel back.
+Nothing is written to the kernel before Services and EndpointSlices have both completed their
+first list. SIGTERM leaves the dataplane in place: traffic keeps flowing while the pod restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ipvsproxy.config import ProxyConfig
+from ipvsproxy.dataplane import Backends, Dataplane, SyncResult
+from ipvsproxy.health import HealthState
+from ipvsproxy.health import serve as serve_health
+from ipvsproxy.metrics import Metrics
+from ipvsproxy.nodeaddrs import local_addresses, node_port_addresses
+from ipvsproxy.objects import LABEL_SERVICE_NAME
+from ipvsproxy.plan import NodeFacts, PlanConfig
+from ipvsproxy.rules import RulesConfig
+from ipvsproxy.watch import Informer, Obj
+
+log = logging.getLogger("ipvsproxy")
+TRIGGER_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+
+
+def rules_config(cfg: ProxyConfig) -> RulesConfig:
+    local = {
+        "BridgeInterface": cfg.bridge_interface,
+        "InterfaceNamePrefix": cfg.interface_name_prefix,
+    }
+    return RulesConfig(
+        masquerade_all=cfg.masquerade_all,
+        masquerade_bit=cfg.masquerade_bit,
+        cluster_cidr=cfg.cluster_cidr,
+        detect_local=cfg.detect_local_mode,
+        local_value=local.get(cfg.detect_local_mode),
+    )
+
+
+def node_facts(name: str, backends: Backends, cfg: ProxyConfig, primary: str | None) -> NodeFacts:
+    addrs = backends.addresses.indexed()
+    dummy = backends.addresses.device_index()
+    local = local_addresses(addrs, dummy)
+    if primary is None:
+        primary = min(local) if local else None
+    return NodeFacts(
+        name=name,
+        node_ips=node_port_addresses(addrs, dummy, cfg.node_port_addresses, primary),
+        local_addresses=local,
+        primary_ip=primary,
+    )
+
+
+class Proxy:
+    """Owns the caches of Services and EndpointSlices and the marks of what changed."""
+
+    def __init__(self, cfg: ProxyConfig, dataplane: Dataplane, metrics: Metrics) -> None:
+        self.cfg = cfg
+        self.dp = dataplane
+        self.metrics = metrics
+        self.health = HealthState(timeout=2 * cfg.sync_period)
+        self.services: dict[str, Obj] = {}
+        self.slices: dict[str, dict[str, Obj]] = {}  # service key -> slice key -> slice
+        self.dirty: dict[str, float | None] = {}  # service key -> trigger time
+        self.cond = threading.Condition()
+        self.stop = threading.Event()
+        self.informers: list[Informer] = []
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _mark(self, service: str, trigger: float | None) -> None:
+        with self.cond:
+            if service not in self.dirty or self.dirty[service] is None:
+                self.dirty[service] = trigger
+            self.health.queued()
+            self.metrics.last_queued.set(time.time())
+            self.cond.notify_all()
+
+    def on_service(self, key: str, _old: Obj | None, new: Obj | None) -> None:
+        with self.cond:
+            if new is None:
+                self.services.pop(key, None)
+            else:
+                self.services[key] = new
+        self.metrics.service_total.inc()
+        self._mark(key, None)
+
+    def on_slice(self, key: str, old: Obj | None, new: Obj | None) -> None:
+        obj = new or old or {}
+        meta = obj.get("metadata") or {}
+        name = (meta.get("labels") or {}).get(LABEL_SERVICE_NAME)
+        if not name:
+            return
+        service = f"{meta.get('namespace')}/{name}"
+        with self.cond:
+            bucket = self.slices.setdefault(service, {})
+            if new is None:
+                bucket.pop(key, None)
+            else:
+                bucket[key] = new
+        self.metrics.endpoint_total.inc()
+        self._mark(service, _trigger_time(new))
+
+    # -- syncing -----------------------------------------------------------------------------
+
+    def synced(self) -> bool:
+        return all(i.synced.is_set() for i in self.informers)
+
+    def _take(self) -> dict[str, float | None]:
+        with self.cond:
+            dirty, self.dirty = self.dirty, {}
+            return dirty
+
+    def apply_changes(self) -> SyncResult:
+        dirty = self._take()
+        for service in sorted(dirty):
+            with self.cond:
+                svc = self.services.get(service)
+                slices = list(self.slices.get(service, {}).values())
+            error = self.dp.update_service(service, svc, slices)
+            if error:
+                log.warning("cannot program service %s: %s", service, error)
+        result = self.dp.sync()
+        self._record(result, dirty)
+        return result
+
+    def reconcile(self) -> SyncResult:
+        dirty = self._take()
+        for service in sorted(dirty):
+            with self.cond:
+                svc = self.services.get(service)
+                slices = list(self.slices.get(service, {}).values())
+            self.dp.update_service(service, svc, slices)
+        result = self.dp.reconcile()
+        self._record(result, dirty)
+        return result
+
+    def _record(self, result: SyncResult, dirty: Mapping[str, float | None]) -> None:
+        m = self.metrics
+        m.sync_duration.observe(result.seconds)
+        for b in _backends(self.dp.b):
+            for kind, n in b.counters.ok.items():
+                m.netlink_ops.labels(kind, "ok")._value.set(n)
+            for kind, n in b.counters.failed.items():
+                m.netlink_ops.labels(kind, "error")._value.set(n)
+        m.restore_failures._value.set(self.dp.b.iptables.restore_failures)
+        m.draining.set(len(self.dp.state.draining_since))
+        m.no_local_endpoints.labels("External").set(
+            sum(p.no_local_endpoints for p in self.dp.desired.plans.values())
+        )
+        with self.cond:
+            pending = len(self.dirty)
+        m.endpoint_pending.set(pending)
+        m.service_pending.set(pending)
+        if result.errors:
+            m.sync_errors.inc()
+            for err in result.errors:
+                log.error("sync: %s", err)
+            return
+        now = time.time()
+        m.last_sync.set(now)
+        for trigger in dirty.values():
+            if trigger is not None:
+                m.programming_duration.observe(max(0.0, now - trigger))
+        if not pending:
+            self.health.updated(now)
+        log.info(
+            "%s sync: %d writes in %.3f s, %d services changed",
+            "full" if result.full else "incremental",
+            result.writes,
+            result.seconds,
+            len(dirty),
+        )
+
+    def run(self) -> None:
+        """The sync runner: until stopped."""
+        while not self.synced():
+            if self.stop.wait(0.1):
+                return
+        log.info("initial lists done: %d services", len(self.services))
+        last_full = 0.0
+        last_sync = 0.0
+        backoff = 0.0
+        while not self.stop.is_set():
+            now = time.monotonic()
+            if now - last_full >= self.cfg.sync_period:
+                result = self.reconcile()
+                last_full = last_sync = time.monotonic()
+            else:
+                with self.cond:
+                    wait = max(0.0, last_full + self.cfg.sync_period - now)
+                    if not self.dirty:
+                        self.cond.wait(timeout=wait)
+                    has_work = bool(self.dirty)
+                if not has_work or self.stop.is_set():
+                    continue
+                pause = last_sync + max(self.cfg.min_sync_period, backoff) - time.monotonic()
+                if pause > 0 and self.stop.wait(pause):
+                    return
+                result = self.apply_changes()
+                last_sync = time.monotonic()
+            backoff = min(30.0, max(1.0, backoff * 2)) if result.errors else 0.0
+
+
+def _backends(b: Backends) -> list[Any]:
+    return [b.ipvs, b.addresses, b.ipsets, b.iptables, b.conntrack, b.sysctls]
+
+
+def _trigger_time(obj: Obj | None) -> float | None:
+    if not obj:
+        return None
+    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(TRIGGER_ANNOTATION)
+    if not text:
+        return None
+    import datetime
+
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def api_client(cfg: ProxyConfig) -> Any:
+    from kubernetes import client, config
+
+    from_file: Any = config.new_client_from_config
+    in_cluster: Any = config.load_incluster_config
+    if cfg.kubeconfig or not cfg.master:
+        if cfg.kubeconfig:
+            api = from_file(config_file=cfg.kubeconfig)
+        else:
+            conf = client.Configuration()
+            in_cluster(client_configuration=conf)
+            api = client.ApiClient(conf)
+        if cfg.master:
+            api.configuration.host = cfg.master
+        return api
+    conf = client.Configuration()
+    conf.host = cfg.master
+    return client.ApiClient(conf)
+
+
+def run(cfg: ProxyConfig) -> int:
+    from kubernetes import client
+
+    for warning in cfg.warnings:
+        log.warning("config: %s", warning)
+    api = api_client(cfg)
+    node_name = cfg.hostname_override or socket.gethostname()
+    backends = Backends.open()
+    facts = node_facts(node_name, backends, cfg, None)
+    dp = Dataplane(
+        facts,
+        backends,
+        Path(cfg.state_path),
+        plan_config=PlanConfig(scheduler=cfg.scheduler, proxy_name=cfg.service_proxy_name),
+        rules_config=rules_config(cfg),
+        exclude_cidrs=cfg.exclude_cidrs,
+        strict_arp=cfg.strict_arp,
+    )
+    metrics = Metrics()
+    proxy = Proxy(cfg, dp, metrics)
+    if cfg.healthz_bind_address:
+        serve_health(proxy.health, cfg.healthz_bind_address)
+    if cfg.metrics_bind_address:
+        metrics.serve(cfg.metrics_bind_address)
+    core, discovery = client.CoreV1Api(api), client.DiscoveryV1Api(api)
+    proxied = "!service.kubernetes.io/headless"
+    if cfg.service_proxy_name:
+        proxied += f",service.kubernetes.io/service-proxy-name={cfg.service_proxy_name}"
+    else:
+        proxied += ",!service.kubernetes.io/service-proxy-name"
+    proxy.informers = [
+        Informer("services", core.list_service_for_all_namespaces, proxy.on_service,
+                 stop=proxy.stop, label_selector=proxied),
+        Informer("endpointslices", discovery.list_endpoint_slice_for_all_namespaces,
+                 proxy.on_slice, stop=proxy.stop, label_selector=LABEL_SERVICE_NAME),
+    ]  # fmt: skip
+    for inf in proxy.informers:
+        threading.Thread(target=inf.run, name=f"informer-{inf.name}", daemon=True).start()
+
+    def stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping, leaving the dataplane in place", signum)
+        proxy.stop.set()
+        with proxy.cond:
+            proxy.cond.notify_all()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("ipvsproxy on node %s, node addresses %s", node_name, ", ".join(facts.node_ips))
+    proxy.run()
+    backends.close()
+    return 0

@@ -1,0 +1,213 @@
+"""`ipvsproxy run` in every node namespace against the lab API server, as an operator runs it:
+a kubeconfig, kube-proxy's flags, real traffic."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab import netns
+from lab.apiserver import APIServer
+from lab.topology import Cluster, Node
+
+pytestmark = pytest.mark.kernel
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{what} did not hold within {timeout} s")
+
+
+def bind(check: Callable[[str], bool], ns: str) -> Callable[[], bool]:
+    """``check`` for one namespace, fixed now (a loop variable would move on)."""
+    return lambda: check(ns)
+
+
+class Daemons:
+    def __init__(self, cluster: Cluster, kubeconfig: Path, workdir: Path) -> None:
+        self.cluster = cluster
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        for node in cluster.nodes:
+            log = (workdir / f"{node.name}.log").open("wb")
+            self.procs[node.name] = subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    node.netns,
+                    sys.executable,
+                    "-m",
+                    "ipvsproxy",
+                    "run",
+                    "--kubeconfig",
+                    str(kubeconfig),
+                    "--hostname-override",
+                    node.name,
+                    "--cluster-cidr",
+                    "10.244.0.0/16",
+                    "--state-file",
+                    str(workdir / f"{node.name}.json"),
+                    "--ipvs-sync-period",
+                    "10s",
+                    "--ipvs-min-sync-period",
+                    "100ms",
+                    "--healthz-bind-address",
+                    "0.0.0.0:10256",
+                    "--metrics-bind-address",
+                    "127.0.0.1:10249",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.workdir = workdir
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {n} ---\n" + (self.workdir / f"{n}.log").read_text()[-3000:] for n in self.procs
+        )
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            proc.wait(timeout=20)
+
+
+def http_get(node: Node, url: str) -> tuple[int, str]:
+    with netns.entered(node.netns):
+        try:
+            with urllib.request.urlopen(url, timeout=3) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+
+@pytest.fixture
+def api(lab_cluster: Cluster, tmp_path: Path) -> Iterator[tuple[APIServer, Any, Path]]:
+    from kubernetes import config
+
+    new_client: Any = config.new_client_from_config
+    srv = APIServer(host=lab_cluster.apiserver_ip, port=6443, bookmark_interval=1.0).start()
+    kubeconfig = srv.write_kubeconfig(tmp_path / "kubeconfig")
+    try:
+        yield srv, new_client(str(kubeconfig)), kubeconfig
+    finally:
+        srv.stop()
+
+
+def slice_body(name: str, pods: list[Any]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"{name}-1", "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4",
+        "endpoints": [
+            {"addresses": [p.ip], "nodeName": p.node, "conditions": {"ready": True}} for p in pods
+        ],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    }
+
+
+def test_services_through_the_api_reach_every_node(
+    lab_cluster: Cluster, api: tuple[APIServer, Any, Path], tmp_path: Path
+) -> None:
+    from kubernetes import client
+
+    _srv, api_client, kubeconfig = api
+    core: Any = client.CoreV1Api(api_client)
+    disc: Any = client.DiscoveryV1Api(api_client)
+    daemons = Daemons(lab_cluster, kubeconfig, tmp_path)
+    try:
+        n1, n2 = lab_cluster.nodes[0], lab_cluster.nodes[1]
+        # Before the first sync /healthz is 503; after it, 200.
+        wait_for(
+            lambda: http_get(n1, "http://127.0.0.1:10256/healthz")[0] == 200, 60, "healthz 200"
+        )
+        core.create_namespaced_service(
+            "default",
+            {
+                "metadata": {"name": "web"},
+                "spec": {
+                    "type": "NodePort",
+                    "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30500}],
+                },
+            },
+        )
+        vip = core.read_namespaced_service("web", "default").spec.cluster_ip
+        disc.create_namespaced_endpoint_slice("default", slice_body("web", [lab_cluster.pods[0]]))
+
+        def answers(ns: str, ip: str, port: int, n: int = 4) -> set[str]:
+            return {netns.tcp_request(ns, ip, port, timeout=2)["pod"] for _ in range(n)}
+
+        for node in lab_cluster.nodes:
+            wait_for(
+                bind(lambda ns: answers(ns, vip, 80) == {"pod-1-1"}, node.pods[0].netns),
+                30,
+                f"ClusterIP from {node.name}",
+            )
+        wait_for(lambda: answers("external", n2.ip, 30500) == {"pod-1-1"}, 30, "NodePort")
+        # Scale up: every pod answers; then down again.
+        disc.replace_namespaced_endpoint_slice(
+            "web-1", "default", slice_body("web", list(lab_cluster.pods[:4]))
+        )
+        want = {p.name for p in lab_cluster.pods[:4]}
+        wait_for(lambda: answers(n2.pods[1].netns, vip, 80, 12) == want, 30, "scale up")
+        disc.replace_namespaced_endpoint_slice(
+            "web-1", "default", slice_body("web", [lab_cluster.pods[3]])
+        )
+        wait_for(
+            lambda: answers(n1.pods[1].netns, vip, 80) == {lab_cluster.pods[3].name},
+            30,
+            "scale down",
+        )
+        # Metrics moved.
+        status, text = http_get(n1, "http://127.0.0.1:10249/metrics")
+        assert status == 200
+        assert "kubeproxy_sync_proxy_rules_duration_seconds_count" in text
+        assert "kubeproxy_sync_proxy_rules_last_timestamp_seconds" in text
+        # Delete: gone from every node.
+        core.delete_namespaced_service("web", "default")
+        for node in lab_cluster.nodes:
+            wait_for(
+                bind(
+                    lambda ns: vip not in lab_cluster.exec(ns, "ipvsadm", "-Ln").stdout, node.netns
+                ),
+                30,
+                f"delete on {node.name}",
+            )
+        status, body = http_get(n1, "http://127.0.0.1:10256/healthz")
+        assert status == 200 and "lastUpdated" in json.loads(body)
+    except BaseException:
+        print(daemons.logs())
+        raise
+    finally:
+        daemons.stop()
+        for node in lab_cluster.nodes:
+            subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    node.netns,
+                    sys.executable,
+                    "-m",
+                    "ipvsproxy",
+                    "cleanup",
+                    "--state-file",
+                    str(tmp_path / f"{node.name}.json"),
+                ],
+                capture_output=True,
+            )
