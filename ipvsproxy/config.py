@@ -91,6 +91,7 @@ class ProxyConfig:
     master: str | None = None
     service_proxy_name: str | None = None
     state_path: str = "/var/lib/ipvsproxy/state.json"
+    watch_timeout: float = 300.0  # ipvsproxy's own --watch-timeout: seconds per watch request
     log_format: str = "text"
     verbosity: int = 0
     # One line per field or flag ipvsproxy ignores, or reads otherwise than upstream.
@@ -540,6 +541,8 @@ _SETTINGS = (
     _Setting("state_path", None, ("--state-file",), _state_path,
              "where ipvsproxy keeps what it programmed "
              f"(default {ProxyConfig.state_path})", "FILE"),
+    _Setting("watch_timeout", None, ("--watch-timeout",), _duration,
+             "how long one watch request lasts before it is renewed (default 5m0s)", "DURATION"),
 )  # fmt: skip
 _BY_KEY = {s.key: s for s in _SETTINGS}
 

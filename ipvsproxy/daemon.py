@@ -21,6 +21,7 @@ from ipvsproxy.config import ProxyConfig
 from ipvsproxy.dataplane import Backends, Dataplane, SyncResult
 from ipvsproxy.health import HealthState
 from ipvsproxy.health import serve as serve_health
+from ipvsproxy.healthcheck import HealthCheckServers, Target
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.nodeaddrs import local_addresses, node_port_addresses
 from ipvsproxy.objects import LABEL_SERVICE_NAME
@@ -74,6 +75,7 @@ class Proxy:
         self.cond = threading.Condition()
         self.stop = threading.Event()
         self.informers: list[Informer] = []
+        self.health_checks = HealthCheckServers()
 
     # -- events ------------------------------------------------------------------------------
 
@@ -131,7 +133,28 @@ class Proxy:
                 log.warning("cannot program service %s: %s", service, error)
         result = self.dp.sync()
         self._record(result, dirty)
+        self._health_checks()
         return result
+
+    def _health_checks(self) -> None:
+        """One server per eTP=Local Service's healthCheckNodePort, with this node's count."""
+        wanted: dict[int, Target] = {}
+        with self.cond:
+            for key, svc in self.services.items():
+                spec = svc.get("spec") or {}
+                port = int(spec.get("healthCheckNodePort") or 0)
+                if not port or spec.get("externalTrafficPolicy") != "Local":
+                    continue
+                local = {
+                    addr
+                    for sl in self.slices.get(key, {}).values()
+                    for ep in sl.get("endpoints") or []
+                    if ep.get("nodeName") == self.dp.node.name
+                    and (ep.get("conditions") or {}).get("ready", True) is not False
+                    for addr in (ep.get("addresses") or [])[:1]
+                }
+                wanted[port] = Target(key, len(local))
+        self.health_checks.sync(wanted)
 
     def reconcile(self) -> SyncResult:
         dirty = self._take()
@@ -142,6 +165,7 @@ class Proxy:
             self.dp.update_service(service, svc, slices)
         result = self.dp.reconcile()
         self._record(result, dirty)
+        self._health_checks()
         return result
 
     def _record(self, result: SyncResult, dirty: Mapping[str, float | None]) -> None:
@@ -274,6 +298,7 @@ def run(cfg: ProxyConfig) -> int:
     if cfg.metrics_bind_address:
         metrics.serve(cfg.metrics_bind_address)
     core, discovery = client.CoreV1Api(api), client.DiscoveryV1Api(api)
+    watch_timeout = max(1, int(cfg.watch_timeout))
     proxied = "!service.kubernetes.io/headless"
     if cfg.service_proxy_name:
         proxied += f",service.kubernetes.io/service-proxy-name={cfg.service_proxy_name}"
@@ -281,9 +306,10 @@ def run(cfg: ProxyConfig) -> int:
         proxied += ",!service.kubernetes.io/service-proxy-name"
     proxy.informers = [
         Informer("services", core.list_service_for_all_namespaces, proxy.on_service,
-                 stop=proxy.stop, label_selector=proxied),
+                 stop=proxy.stop, label_selector=proxied, watch_timeout=watch_timeout),
         Informer("endpointslices", discovery.list_endpoint_slice_for_all_namespaces,
-                 proxy.on_slice, stop=proxy.stop, label_selector=LABEL_SERVICE_NAME),
+                 proxy.on_slice, stop=proxy.stop, label_selector=LABEL_SERVICE_NAME,
+                 watch_timeout=watch_timeout),
     ]  # fmt: skip
     for inf in proxy.informers:
         threading.Thread(target=inf.run, name=f"informer-{inf.name}", daemon=True).start()

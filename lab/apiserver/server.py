@@ -100,6 +100,9 @@ class APIServer:
     def start(self) -> APIServer:
         if self._httpd is not None:
             return self
+        # A restart after stop() keeps every object and the resourceVersion counter.
+        self.stopping = False
+        self.store.reopen()
         self._httpd = _HTTPServer((self.host, self._requested_port), self, _family(self.host))
         self._thread = threading.Thread(
             target=self._httpd.serve_forever,

@@ -214,6 +214,12 @@ class Store:
             self._history.clear()
             return self._compacted
 
+    def reopen(self) -> None:
+        """After close(): serve again with the same objects (an API server restart over the
+        same etcd)."""
+        with self.lock:
+            self._closed = False
+
     def close(self) -> None:
         with self.lock:
             self._closed = True

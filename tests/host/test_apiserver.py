@@ -925,3 +925,23 @@ def test_cli_serves_writes_kubeconfig_and_stops_on_sigterm(tmp_path: Path) -> No
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_restarted_server_keeps_its_objects_and_resource_versions(tmp_path: Path) -> None:
+    srv = APIServer(host="127.0.0.1", port=0).start()
+    port = srv.port
+    try:
+        api_client = new_client_from_config(str(srv.write_kubeconfig(tmp_path / "kc")))
+        core: Any = client.CoreV1Api(api_client)
+        core.create_namespaced_service("default", service("kept"))
+        rv = core.list_service_for_all_namespaces().metadata.resource_version
+        srv.stop()
+        srv._requested_port = port  # the same address, as a restarted apiserver has
+        srv.start()
+        again = core.list_service_for_all_namespaces()
+        assert [s.metadata.name for s in again.items] == ["kept"]
+        assert again.metadata.resource_version == rv
+        core.create_namespaced_service("default", service("after"))
+        assert int(core.list_service_for_all_namespaces().metadata.resource_version) > int(rv)
+    finally:
+        srv.stop()

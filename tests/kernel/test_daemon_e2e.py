@@ -39,7 +39,9 @@ def bind(check: Callable[[str], bool], ns: str) -> Callable[[], bool]:
 
 
 class Daemons:
-    def __init__(self, cluster: Cluster, kubeconfig: Path, workdir: Path) -> None:
+    def __init__(
+        self, cluster: Cluster, kubeconfig: Path, workdir: Path, extra: tuple[str, ...] = ()
+    ) -> None:
         self.cluster = cluster
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         for node in cluster.nodes:
@@ -211,3 +213,134 @@ def test_services_through_the_api_reach_every_node(
                 ],
                 capture_output=True,
             )
+
+
+def node_dump(cluster: Cluster, node: Node) -> str:
+    cmd = (
+        "ipvsadm -Sn; ipset list -n | sort; ip -o link | sed 's/^[0-9]*: //' | cut -d' ' -f1-2;"
+        " iptables-save | grep -v '^#' | sed 's/\\[[0-9:]*\\]//'"
+    )
+    return cluster.exec(node.netns, "sh", "-c", cmd).stdout
+
+
+def test_outage_compaction_health_checks_and_cleanup(
+    lab_cluster: Cluster, api: tuple[APIServer, Any, Path], tmp_path: Path
+) -> None:
+    import threading
+
+    from kubernetes import client
+
+    from lab.apiserver.resources import lookup
+
+    srv, api_client, kubeconfig = api
+    core: Any = client.CoreV1Api(api_client)
+    disc: Any = client.DiscoveryV1Api(api_client)
+    n1, n2 = lab_cluster.nodes[0], lab_cluster.nodes[1]
+    before = {n.name: node_dump(lab_cluster, n) for n in lab_cluster.nodes}
+    daemons = Daemons(lab_cluster, kubeconfig, tmp_path, ("--watch-timeout", "3s"))
+    failures: list[str] = []
+    stop = threading.Event()
+    try:
+        core.create_namespaced_service(
+            "default",
+            {
+                "metadata": {"name": "lb"},
+                "spec": {
+                    "type": "LoadBalancer",
+                    "externalTrafficPolicy": "Local",
+                    "ports": [{"name": "http", "port": 80, "targetPort": 8080}],
+                },
+            },
+        )
+        svc = core.read_namespaced_service("lb", "default")
+        vip, hc = svc.spec.cluster_ip, svc.spec.health_check_node_port
+        disc.create_namespaced_endpoint_slice("default", slice_body("lb", [n1.pods[0]]))
+        wait_for(
+            lambda: netns.tcp_request(n2.pods[0].netns, vip, 80, timeout=2)["pod"] == "pod-1-1",
+            60,
+            "ClusterIP",
+        )
+        # eTP=Local health check node port: 200 where the endpoint is, 503 elsewhere.
+        ext = lab_cluster.external
+        wait_for(lambda: http_get_from(ext.netns, f"http://{n1.ip}:{hc}/")[0] == 200, 30, "hc 200")
+        _code, body = http_get_from(ext.netns, f"http://{n1.ip}:{hc}/")
+        assert json.loads(body)["localEndpoints"] == 1
+        assert http_get_from(ext.netns, f"http://{n2.ip}:{hc}/")[0] == 503
+
+        def traffic() -> None:
+            while not stop.is_set():
+                try:
+                    netns.tcp_request(n2.pods[0].netns, vip, 80, timeout=2)
+                except OSError as exc:
+                    failures.append(str(exc))
+                stop.wait(0.2)
+
+        t = threading.Thread(target=traffic, daemon=True)
+        t.start()
+        # The API server goes away for longer than a watch request lasts. Meanwhile a Service
+        # appears in its store and history is compacted: the daemons' watches resume from a
+        # resourceVersion that is gone (410) and must relist.
+        srv.stop()
+        late = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "late", "namespace": "default"},
+            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+        }
+        srv.ops.create(lookup("", "v1", "services"), "default", late)  # type: ignore[arg-type]
+        srv.compact()
+        time.sleep(8)
+        srv.start()
+        late_ip = core.read_namespaced_service("late", "default").spec.cluster_ip
+        disc.create_namespaced_endpoint_slice("default", slice_body("late", [n2.pods[1]]))
+        wait_for(
+            lambda: netns.tcp_request(n1.pods[1].netns, late_ip, 80, timeout=2)["pod"] == "pod-2-2",
+            60,
+            "a change after the restart",
+        )
+        stop.set()
+        t.join(timeout=10)
+        assert failures == []
+        relists = "relisting" in daemons.logs()
+        assert relists, "no informer saw 410 Gone"
+    except BaseException:
+        print(daemons.logs())
+        raise
+    finally:
+        stop.set()
+        daemons.stop()
+    # Cleanup after the run leaves every node exactly as it was before.
+    for node in lab_cluster.nodes:
+        proc = lab_cluster.exec(
+            node.netns,
+            sys.executable,
+            "-m",
+            "ipvsproxy",
+            "cleanup",
+            "--state-file",
+            str(tmp_path / f"{node.name}.json"),
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert node_dump(lab_cluster, node) == before[node.name]
+    # And a second cleanup, with nothing left to remove, succeeds.
+    assert (
+        lab_cluster.exec(
+            n1.netns,
+            sys.executable,
+            "-m",
+            "ipvsproxy",
+            "cleanup",
+            "--state-file",
+            str(tmp_path / "n1.json"),
+        ).returncode
+        == 0
+    )
+
+
+def http_get_from(ns: str, url: str) -> tuple[int, str]:
+    with netns.entered(ns):
+        try:
+            with urllib.request.urlopen(url, timeout=3) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
