@@ -19,6 +19,7 @@ from typing import Any
 
 from ipvsproxy.config import ProxyConfig
 from ipvsproxy.dataplane import Backends, Dataplane, SyncResult
+from ipvsproxy.events import EventRecorder
 from ipvsproxy.health import HealthState
 from ipvsproxy.health import serve as serve_health
 from ipvsproxy.healthcheck import HealthCheckServers, Target
@@ -76,6 +77,7 @@ class Proxy:
         self.stop = threading.Event()
         self.informers: list[Informer] = []
         self.health_checks = HealthCheckServers()
+        self.events: EventRecorder | None = None
 
     # -- events ------------------------------------------------------------------------------
 
@@ -96,6 +98,15 @@ class Proxy:
         self.metrics.service_total.inc()
         self._mark(key, None)
 
+    def on_node(self, _key: str, _old: Obj | None, new: Obj | None) -> None:
+        """/healthz fails while this node is going away, so load balancers drain it first."""
+        meta = (new or {}).get("metadata") or {}
+        taints = ((new or {}).get("spec") or {}).get("taints") or []
+        deleting = new is None or bool(meta.get("deletionTimestamp"))
+        autoscaled = any(t.get("key") == "ToBeDeletedByClusterAutoscaler" for t in taints)
+        with self.health.lock:
+            self.health.node_eligible = not (deleting or autoscaled)
+
     def on_slice(self, key: str, old: Obj | None, new: Obj | None) -> None:
         obj = new or old or {}
         meta = obj.get("metadata") or {}
@@ -115,7 +126,8 @@ class Proxy:
     # -- syncing -----------------------------------------------------------------------------
 
     def synced(self) -> bool:
-        return all(i.synced.is_set() for i in self.informers)
+        """Services and EndpointSlices have completed their first list (the Node need not)."""
+        return all(i.synced.is_set() for i in self.informers if i.name != "node")
 
     def _take(self) -> dict[str, float | None]:
         with self.cond:
@@ -131,6 +143,8 @@ class Proxy:
             error = self.dp.update_service(service, svc, slices)
             if error:
                 log.warning("cannot program service %s: %s", service, error)
+                if self.events is not None:
+                    self.events.warn(service, "InvalidService", error)
         result = self.dp.sync()
         self._record(result, dirty)
         self._health_checks()
@@ -305,12 +319,37 @@ def run(cfg: ProxyConfig) -> int:
     else:
         proxied += ",!service.kubernetes.io/service-proxy-name"
     proxy.informers = [
-        Informer("services", core.list_service_for_all_namespaces, proxy.on_service,
-                 stop=proxy.stop, label_selector=proxied, watch_timeout=watch_timeout),
-        Informer("endpointslices", discovery.list_endpoint_slice_for_all_namespaces,
-                 proxy.on_slice, stop=proxy.stop, label_selector=LABEL_SERVICE_NAME,
-                 watch_timeout=watch_timeout),
-    ]  # fmt: skip
+        Informer(
+            "services",
+            core.list_service_for_all_namespaces,
+            proxy.on_service,
+            stop=proxy.stop,
+            label_selector=proxied,
+            watch_timeout=watch_timeout,
+        ),
+        Informer(
+            "endpointslices",
+            discovery.list_endpoint_slice_for_all_namespaces,
+            proxy.on_slice,
+            stop=proxy.stop,
+            label_selector=LABEL_SERVICE_NAME,
+            watch_timeout=watch_timeout,
+        ),
+    ]
+    proxy.informers.append(
+        Informer(
+            "node",
+            core.list_node,
+            proxy.on_node,
+            stop=proxy.stop,
+            field_selector=f"metadata.name={node_name}",
+            watch_timeout=watch_timeout,
+        )
+    )
+    events: Any = client.EventsV1Api(api)
+    proxy.events = EventRecorder(
+        lambda ns, body: events.create_namespaced_event(ns, body), node_name
+    )
     for inf in proxy.informers:
         threading.Thread(target=inf.run, name=f"informer-{inf.name}", daemon=True).start()
 

@@ -91,6 +91,17 @@ class Daemons:
             proc.wait(timeout=20)
 
 
+HEALTHZ = "http://127.0.0.1:10256/healthz"
+
+
+def sync_count(node: Node) -> float:
+    text = http_get(node, "http://127.0.0.1:10249/metrics")[1]
+    for line in text.splitlines():
+        if line.startswith("kubeproxy_sync_proxy_rules_duration_seconds_count"):
+            return float(line.split()[-1])
+    raise AssertionError("no sync duration histogram")
+
+
 def http_get(node: Node, url: str) -> tuple[int, str]:
     with netns.entered(node.netns):
         try:
@@ -136,9 +147,23 @@ def test_services_through_the_api_reach_every_node(
     try:
         n1, n2 = lab_cluster.nodes[0], lab_cluster.nodes[1]
         # Before the first sync /healthz is 503; after it, 200.
-        wait_for(
-            lambda: http_get(n1, "http://127.0.0.1:10256/healthz")[0] == 200, 60, "healthz 200"
-        )
+        first: list[int] = []
+
+        def serving() -> bool:
+            first.append(http_get(n1, "http://127.0.0.1:10256/healthz")[0])
+            return True
+
+        wait_for(serving, 60, "healthz serving")
+        assert first[0] == 503
+        wait_for(lambda: http_get(n1, HEALTHZ)[0] == 200, 60, "healthz 200")
+        # A node the cluster autoscaler is removing fails /healthz (load balancers drain it)
+        # while /livez stays 200.
+        taint = {"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}
+        core.create_node({"metadata": {"name": "node-2"}, "spec": {"taints": [taint]}})
+        wait_for(lambda: http_get(n2, HEALTHZ)[0] == 503, 30, "tainted node unhealthy")
+        assert http_get(n2, "http://127.0.0.1:10256/livez")[0] == 200
+        assert json.loads(http_get(n2, HEALTHZ)[1])["nodeEligible"] is False
+        core.delete_node("node-2")
         core.create_namespaced_service(
             "default",
             {
@@ -162,6 +187,7 @@ def test_services_through_the_api_reach_every_node(
                 f"ClusterIP from {node.name}",
             )
         wait_for(lambda: answers("external", n2.ip, 30500) == {"pod-1-1"}, 30, "NodePort")
+        syncs_before = sync_count(n1)
         # Scale up: every pod answers; then down again.
         disc.replace_namespaced_endpoint_slice(
             "web-1", "default", slice_body("web", list(lab_cluster.pods[:4]))
@@ -176,11 +202,17 @@ def test_services_through_the_api_reach_every_node(
             30,
             "scale down",
         )
-        # Metrics moved.
+        # Metrics moved with the syncs.
         status, text = http_get(n1, "http://127.0.0.1:10249/metrics")
         assert status == 200
-        assert "kubeproxy_sync_proxy_rules_duration_seconds_count" in text
-        assert "kubeproxy_sync_proxy_rules_last_timestamp_seconds" in text
+        assert sync_count(n1) > syncs_before
+        for name in (
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+            "kubeproxy_sync_proxy_rules_service_changes_total",
+            'ipvsproxy_netlink_operations_total{kind="add_dest",outcome="ok"}',
+        ):
+            assert name in text, name
         # Delete: gone from every node.
         core.delete_namespaced_service("web", "default")
         for node in lab_cluster.nodes:
@@ -343,6 +375,8 @@ def test_outage_compaction_health_checks_and_cleanup(
     finally:
         stop.set()
         daemons.stop()
+    # SIGTERM left the dataplane in place: traffic keeps flowing while the pods restart.
+    assert netns.tcp_request(n2.pods[0].netns, vip, 80)["pod"] == "pod-1-1"
     # Cleanup after the run leaves every node exactly as it was before.
     for node in lab_cluster.nodes:
         proc = lab_cluster.exec(
