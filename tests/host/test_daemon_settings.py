@@ -1,0 +1,44 @@
+"""Daemon pieces that need no kernel: conntrack settings, the local detector, JSON logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from ipvsproxy import logs
+from ipvsproxy.config import build
+from ipvsproxy.daemon import conntrack_sysctls, rules_config
+
+
+def test_conntrack_settings_follow_upstream() -> None:
+    cfg = build(None, [])
+    values = conntrack_sysctls(cfg, cores=2)
+    # max(maxPerCore x cores, min): 32768 x 2 < 131072.
+    assert values["net/netfilter/nf_conntrack_max"] == "131072"
+    assert values["net/netfilter/nf_conntrack_tcp_timeout_established"] == "86400"
+    assert values["net/netfilter/nf_conntrack_tcp_timeout_close_wait"] == "3600"
+    assert "net/netfilter/nf_conntrack_udp_timeout" not in values  # 0 leaves it
+    cfg = build(None, ["--conntrack-max-per-core", "0", "--conntrack-udp-timeout", "30s"])
+    values = conntrack_sysctls(cfg, cores=64)
+    assert "net/netfilter/nf_conntrack_max" not in values
+    assert values["net/netfilter/nf_conntrack_udp_timeout"] == "30"
+
+
+def test_local_detector_comes_from_the_configuration() -> None:
+    cfg = build(None, ["--detect-local-mode", "BridgeInterface", "--pod-bridge-interface", "cni0"])
+    assert rules_config(cfg).if_not_local() == "! -i cni0"
+    cfg = build(None, ["--cluster-cidr", "10.244.0.0/16"])
+    assert rules_config(cfg).if_not_local() == "! -s 10.244.0.0/16"
+
+
+def test_json_logs_are_one_object_per_line() -> None:
+    logs.setup("json", 0)
+    handler = logging.getLogger().handlers[0]
+    record = logging.LogRecord(
+        "ipvsproxy", logging.WARNING, __file__, 1, "service %s: bad", ("default/web",), None
+    )
+    line = handler.format(record)
+    body = json.loads(line)
+    assert body["level"] == "warning"
+    assert body["msg"] == "service default/web: bad"
+    assert body["ts"].endswith("Z") and "\n" not in line
