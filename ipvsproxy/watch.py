@@ -31,6 +31,12 @@ class Gone(Exception):
     """The resourceVersion we watch from was compacted away (HTTP 410)."""
 
 
+def _rv(obj: Mapping[str, Any]) -> Any:
+    """An object is unchanged while its resourceVersion is: watch events carry kind and
+    apiVersion that list items lack, so comparing whole objects would see every one changed."""
+    return (obj.get("metadata") or {}).get("resourceVersion")
+
+
 def key_of(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace")
@@ -135,7 +141,7 @@ class Informer:
         old, self.cache = self.cache, fresh
         for key in sorted(set(old) | set(fresh)):
             before, after = old.get(key), fresh.get(key)
-            if before != after:
+            if before is None or after is None or _rv(before) != _rv(after):
                 self.on_change(key, before, after)
         self.resource_version = rv
         self.synced.set()

@@ -104,6 +104,7 @@ class APIServer:
         self.stopping = False
         self.store.reopen()
         self._httpd = _HTTPServer((self.host, self._requested_port), self, _family(self.host))
+        self._requested_port = self.port  # a restart comes back on the same address
         self._thread = threading.Thread(
             target=self._httpd.serve_forever,
             kwargs={"poll_interval": 0.1},

@@ -936,8 +936,8 @@ def test_a_restarted_server_keeps_its_objects_and_resource_versions(tmp_path: Pa
         core.create_namespaced_service("default", service("kept"))
         rv = core.list_service_for_all_namespaces().metadata.resource_version
         srv.stop()
-        srv._requested_port = port  # the same address, as a restarted apiserver has
         srv.start()
+        assert srv.port == port  # the same address, as a restarted apiserver has
         again = core.list_service_for_all_namespaces()
         assert [s.metadata.name for s in again.items] == ["kept"]
         assert again.metadata.resource_version == rv
