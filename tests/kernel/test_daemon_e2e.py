@@ -412,3 +412,37 @@ def http_get_from(ns: str, url: str) -> tuple[int, str]:
                 return resp.status, resp.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--proxy-mode", "iptables"], "ipvs"),
+        (["--cluster-cidr", "10.244.0.0/33"], "--cluster-cidr"),
+        (["--ipvs-scheduler", "fastest"], "--ipvs-scheduler"),
+        (["--ipvs-min-sync-period", "1m", "--ipvs-sync-period", "10s"], "min"),
+        (["--healthz-bind-address", "nowhere:99999"], "--healthz-bind-address"),
+    ],
+)
+def test_an_invalid_configuration_touches_nothing(
+    lab_cluster: Cluster, tmp_path: Path, flags: list[str], message: str
+) -> None:
+    node = lab_cluster.nodes[2]
+    before = node_dump(lab_cluster, node)
+    proc = lab_cluster.exec(
+        node.netns,
+        sys.executable,
+        "-m",
+        "ipvsproxy",
+        "run",
+        "--kubeconfig",
+        "/nonexistent",
+        "--state-file",
+        str(tmp_path / "s.json"),
+        *flags,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "invalid configuration" in proc.stderr and message in proc.stderr
+    assert node_dump(lab_cluster, node) == before
+    assert not (tmp_path / "s.json").exists()
