@@ -203,6 +203,10 @@ class Proxy:
             m.sync_errors.inc()
             for err in result.errors:
                 log.error("sync: %s", err)
+            rejected, self.dp.rejected = self.dp.rejected, {}
+            for service, why in rejected.items():
+                if self.events is not None:
+                    self.events.warn(service, "FailedToProgram", why)
             return
         now = time.time()
         m.last_sync.set(now)

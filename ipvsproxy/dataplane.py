@@ -127,6 +127,7 @@ class Dataplane:
         self.statefile = StateFile(state_path)
         self.state: State = self.statefile.load()
         self.observed: _Observed | None = None
+        self.rejected: dict[str, str] = {}  # service -> what the kernel refused, since read
 
     # -- input -------------------------------------------------------------------------------
 
@@ -288,7 +289,21 @@ class Dataplane:
                 # Draining decisions need the kernel's current connection counts.
                 obs.dests[key] = have = self.b.ipvs.dests(key)
             ops += diff_dests(key, want, have, self._expired(key, have))
-        _apply(self.b.ipvs.apply, ops, self._record)
+        try:
+            _apply(self.b.ipvs.apply, ops, self._record)
+        except ApplyError as exc:
+            self._blame(ops, exc)
+            raise
+
+    def _blame(self, ops: list[ServiceOp | DestOp], exc: ApplyError) -> None:
+        """Name the Services whose virtual servers the kernel refused (for Events)."""
+        failed = sorted(exc.failed)
+        for i, rejected in zip(failed, exc.rejected, strict=False):
+            op = ops[i]
+            key = op.server.key if isinstance(op, ServiceOp) else op.service
+            owner = self.desired.owner.get(key)
+            if owner is not None:
+                self.rejected[owner] = str(rejected)
 
     def _record(self, ops: list[ServiceOp | DestOp]) -> None:
         """Fold applied operations into the cache and the state file's bookkeeping."""

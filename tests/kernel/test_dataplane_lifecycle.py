@@ -260,3 +260,21 @@ def test_reconcile_repairs_drift_of_every_kind(lab_cluster: Cluster, tmp_path: P
         sh(lab_cluster, n1.netns, "ip addr del 10.96.6.1/32 dev kube-ipvs0")
         assert ndp.run(lambda dp: dp.reconcile()).writes == 1
         assert netns.tcp_request(n1.pods[1].netns, "10.96.6.1", 80)["pod"] in {"pod-1-1", "pod-1-2"}
+
+
+def test_refused_virtual_servers_are_blamed_on_their_service(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    from ipvsproxy.plan import PlanConfig
+
+    n1 = lab_cluster.node("node-1")
+    cfg = PlanConfig(scheduler="nosuch")
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json", plan_config=cfg) as ndp:
+        ndp.run(
+            lambda dp: (
+                dp.update_service("ns1/bad", service("bad", "10.96.8.1", namespace="ns1"), []),
+                dp.sync(),
+            )
+        )
+        assert list(ndp.dp.rejected) == ["ns1/bad"]
+        assert "10.96.8.1:80" in ndp.dp.rejected["ns1/bad"]
