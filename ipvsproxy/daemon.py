@@ -251,6 +251,9 @@ class Proxy:
                 result = self.apply_changes()
                 last_sync = time.monotonic()
             backoff = min(30.0, max(1.0, backoff * 2)) if result.errors else 0.0
+            if result.errors:
+                # Retry with a full reconcile once the backoff has passed, work or no work.
+                last_full = min(last_full, time.monotonic() - self.cfg.sync_period + backoff)
 
 
 def _backends(b: Backends) -> list[Any]:

@@ -42,3 +42,12 @@ def test_json_logs_are_one_object_per_line() -> None:
     assert body["level"] == "warning"
     assert body["msg"] == "service default/web: bad"
     assert body["ts"].endswith("Z") and "\n" not in line
+
+
+def test_programming_latency_starts_at_the_trigger_annotation() -> None:
+    from ipvsproxy.daemon import TRIGGER_ANNOTATION, _trigger_time
+
+    sl = {"metadata": {"annotations": {TRIGGER_ANNOTATION: "2026-12-02T15:04:05Z"}}}
+    assert _trigger_time(sl) == 1796223845.0
+    assert _trigger_time({"metadata": {}}) is None
+    assert _trigger_time({"metadata": {"annotations": {TRIGGER_ANNOTATION: "garbage"}}}) is None
