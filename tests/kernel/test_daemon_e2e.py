@@ -155,7 +155,8 @@ def test_services_through_the_api_reach_every_node(
 
         wait_for(serving, 60, "healthz serving")
         assert first[0] == 503
-        wait_for(lambda: http_get(n1, HEALTHZ)[0] == 200, 60, "healthz 200")
+        for node in (n1, n2):  # each node's first sync done
+            wait_for(bind(lambda ns: http_get_from(ns, HEALTHZ)[0] == 200, node.netns), 60, "200")
         # A node the cluster autoscaler is removing fails /healthz (load balancers drain it)
         # while /livez stays 200.
         taint = {"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}
