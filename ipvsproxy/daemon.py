@@ -78,6 +78,7 @@ class Proxy:
         self.informers: list[Informer] = []
         self.health_checks = HealthCheckServers()
         self.events: EventRecorder | None = None
+        self._reported: dict[tuple[str, str], int] = {}  # counter totals already exported
 
     # -- events ------------------------------------------------------------------------------
 
@@ -185,12 +186,21 @@ class Proxy:
     def _record(self, result: SyncResult, dirty: Mapping[str, float | None]) -> None:
         m = self.metrics
         m.sync_duration.observe(result.seconds)
+        totals: dict[tuple[str, str], int] = {}
         for b in _backends(self.dp.b):
-            for kind, n in b.counters.ok.items():
-                m.netlink_ops.labels(kind, "ok")._value.set(n)
-            for kind, n in b.counters.failed.items():
-                m.netlink_ops.labels(kind, "error")._value.set(n)
-        m.restore_failures._value.set(self.dp.b.iptables.restore_failures)
+            for outcome, counts in (("ok", b.counters.ok), ("error", b.counters.failed)):
+                for kind, n in counts.items():
+                    totals[kind, outcome] = totals.get((kind, outcome), 0) + n
+        totals["restore", "failures"] = self.dp.b.iptables.restore_failures
+        for (kind, outcome), n in totals.items():
+            delta = n - self._reported.get((kind, outcome), 0)
+            if delta <= 0:
+                continue
+            if outcome == "failures":
+                m.restore_failures.inc(delta)
+            else:
+                m.netlink_ops.labels(kind, outcome).inc(delta)
+        self._reported = totals
         m.draining.set(len(self.dp.state.draining_since))
         m.no_local_endpoints.labels("External").set(
             sum(p.no_local_endpoints for p in self.dp.desired.plans.values())
