@@ -13,7 +13,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +135,8 @@ class Proxy:
             dirty, self.dirty = self.dirty, {}
             return dirty
 
-    def apply_changes(self) -> SyncResult:
+    def _replan(self) -> dict[str, float | None]:
+        """Hand every Service marked since the last sync to the dataplane; return the marks."""
         dirty = self._take()
         for service in sorted(dirty):
             with self.cond:
@@ -146,10 +147,20 @@ class Proxy:
                 log.warning("cannot program service %s: %s", service, error)
                 if self.events is not None:
                     self.events.warn(service, "InvalidService", error)
-        result = self.dp.sync()
+        return dirty
+
+    def _converge(self, how: Callable[[], SyncResult]) -> SyncResult:
+        dirty = self._replan()
+        result = how()
         self._record(result, dirty)
         self._health_checks()
         return result
+
+    def apply_changes(self) -> SyncResult:
+        return self._converge(self.dp.sync)
+
+    def reconcile(self) -> SyncResult:
+        return self._converge(self.dp.reconcile)
 
     def _health_checks(self) -> None:
         """One server per eTP=Local Service's healthCheckNodePort, with this node's count."""
@@ -170,18 +181,6 @@ class Proxy:
                 }
                 wanted[port] = Target(key, len(local))
         self.health_checks.sync(wanted)
-
-    def reconcile(self) -> SyncResult:
-        dirty = self._take()
-        for service in sorted(dirty):
-            with self.cond:
-                svc = self.services.get(service)
-                slices = list(self.slices.get(service, {}).values())
-            self.dp.update_service(service, svc, slices)
-        result = self.dp.reconcile()
-        self._record(result, dirty)
-        self._health_checks()
-        return result
 
     def _record(self, result: SyncResult, dirty: Mapping[str, float | None]) -> None:
         m = self.metrics

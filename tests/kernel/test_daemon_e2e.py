@@ -103,12 +103,7 @@ def sync_count(node: Node) -> float:
 
 
 def http_get(node: Node, url: str) -> tuple[int, str]:
-    with netns.entered(node.netns):
-        try:
-            with urllib.request.urlopen(url, timeout=3) as resp:
-                return resp.status, resp.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+    return http_get_from(node.netns, url)
 
 
 @pytest.fixture
