@@ -226,6 +226,10 @@ def plan_service(
         ports = service_ports(svc)
     except InvalidObject as exc:
         return ServicePlan(error=str(exc))
+    if not ports or not ports[0].cluster_ips:
+        # No cluster IP of this family (an IPv6-only Service): nothing for this proxier, as
+        # upstream's per-family proxiers skip it.
+        return EMPTY
     slices = list(slices)
     b = _Builder()
     for sp in ports:

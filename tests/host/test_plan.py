@@ -253,3 +253,14 @@ def test_planning_is_deterministic() -> None:
         DestKey("10.244.1.3", 8080)
         in plan(svc, sl).real_servers[ServiceKey("10.96.0.10", Protocol.TCP, 80)]
     )
+
+
+def test_a_service_without_an_ipv4_cluster_ip_is_skipped() -> None:
+    svc = service(
+        "v6",
+        "fd00::10",
+        type="NodePort",
+        ports=[{"name": "http", "port": 80, "nodePort": 30123, "protocol": "TCP"}],
+        externalIPs=["198.51.100.9"],
+    )
+    assert plan(svc) is EMPTY
