@@ -81,26 +81,18 @@ def tcp_request(
     timeout: float = 5.0,
     proto: int = 0,
 ) -> dict[str, Any]:
-    """Connect from ``netns`` and return the echo server's JSON answer."""
-    with make_socket(netns, socket.SOCK_STREAM, proto=proto) as sock:
-        sock.settimeout(timeout)
-        sock.connect((host, port))
-        sock.sendall(payload)
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    answer: dict[str, Any] = json.loads(data)
-    return answer
+    """Connect from ``netns`` and return the echo server's JSON answer (one-shot session)."""
+    with TCPSession(netns, host, port, timeout, proto) as session:
+        return session.ask(payload)
 
 
 class TCPSession:
     """A long-lived connection to an echo server: one answer per ``ask``."""
 
-    def __init__(self, netns: str | None, host: str, port: int, timeout: float = 5.0) -> None:
-        self.sock = make_socket(netns, socket.SOCK_STREAM)
+    def __init__(
+        self, netns: str | None, host: str, port: int, timeout: float = 5.0, proto: int = 0
+    ) -> None:
+        self.sock = make_socket(netns, socket.SOCK_STREAM, proto=proto)
         self.sock.settimeout(timeout)
         self.sock.connect((host, port))
         self.local = self.sock.getsockname()
