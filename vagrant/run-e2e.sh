@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Runs the end-to-end tests (tests/e2e) against the Vagrant cluster.
+#
+#   vagrant ssh cp -c /vagrant/vagrant/run-e2e.sh [PYTEST ARGS...]   # on the control plane
+#   vagrant/run-e2e.sh [PYTEST ARGS...]                               # from the host
+#
+# It makes a virtual environment of its own (never the repository's .venv, which belongs to
+# the machine that made it), installs the repository into it with the `test` extra (which
+# brings kubectl, put first on PATH), waits until every node is Ready and ipvsproxy has rolled
+# out, then runs `python -m pytest tests/e2e --e2e-kubeconfig KUBECONFIG` from the repository.
+#
+#   IPVSPROXY_E2E_KUBECONFIG  the cluster's kubeconfig; by default ~/.kube/config on the
+#                             control plane, vagrant/.cluster/admin.conf elsewhere
+#   IPVSPROXY_E2E_VENV        the virtual environment [~/.cache/ipvsproxy-e2e/venv]
+#   PYTHON                    the interpreter that makes it (3.11 or later) [python3]
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+
+die() {
+    printf 'run-e2e.sh: %s\n' "$*" >&2
+    exit 1
+}
+
+kubeconfig=${IPVSPROXY_E2E_KUBECONFIG:-}
+if [[ -z $kubeconfig ]]; then
+    # On the control plane the provisioning gave the vagrant user its own copy; the one in the
+    # shared folder may belong to the host's user there. Anywhere else, never ~/.kube/config:
+    # on the host that is some other cluster's.
+    if [[ -f /etc/kubernetes/admin.conf && -r $HOME/.kube/config ]]; then
+        kubeconfig=$HOME/.kube/config
+    else
+        kubeconfig=$here/.cluster/admin.conf
+    fi
+fi
+[[ -r $kubeconfig ]] || die "cannot read the kubeconfig $kubeconfig (has 'vagrant up' finished?)"
+kubeconfig=$(cd "$(dirname "$kubeconfig")" && pwd)/$(basename "$kubeconfig")
+
+python=${PYTHON:-python3}
+"$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+    die "$python is older than 3.11, which ipvsproxy requires (set PYTHON)"
+
+venv=${IPVSPROXY_E2E_VENV:-$HOME/.cache/ipvsproxy-e2e/venv}
+stamp=$venv/.ipvsproxy-installed
+want=$(sha256sum "$repo/pyproject.toml" | cut -d' ' -f1)
+if [[ ! -x $venv/bin/python ]]; then
+    echo "run-e2e.sh: creating $venv" >&2
+    "$python" -m venv "$venv"
+fi
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+    echo "run-e2e.sh: installing the repository with its test extra into $venv" >&2
+    "$venv/bin/python" -m pip install -q --upgrade pip
+    "$venv/bin/python" -m pip install -q -e "${repo}[test]"
+    printf '%s\n' "$want" >"$stamp"
+fi
+export PATH="$venv/bin:$PATH"
+command -v kubectl >/dev/null || die "no kubectl on PATH after installing the test extra"
+
+kubectl --kubeconfig "$kubeconfig" wait --for=condition=Ready nodes --all --timeout=300s
+ns=kube-system ds=ipvsproxy
+if [[ -f $here/.cluster/ipvsproxy.env ]]; then
+    ns=$(sed -n 's/^IPVSPROXY_NAMESPACE=//p' "$here/.cluster/ipvsproxy.env")
+    ds=$(sed -n 's/^IPVSPROXY_DAEMONSET=//p' "$here/.cluster/ipvsproxy.env")
+fi
+kubectl --kubeconfig "$kubeconfig" -n "$ns" rollout status "daemonset/$ds" --timeout=300s
+
+cd "$repo"
+echo "run-e2e.sh: python -m pytest tests/e2e --e2e-kubeconfig $kubeconfig $*" >&2
+exec "$venv/bin/python" -m pytest tests/e2e --e2e-kubeconfig "$kubeconfig" "$@"
