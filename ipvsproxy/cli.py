@@ -1,7 +1,7 @@
 """The ``ipvsproxy`` command line.
 
-``status`` is not implemented yet: it exits with status 2 and says so, so that nobody mistakes
-an unfinished build for a working one.
+``run`` and ``cleanup`` take upstream kube-proxy's flags (parsed by ipvsproxy/config.py);
+``status`` has its own (ipvsproxy/statuscli.py).
 """
 
 from __future__ import annotations
@@ -18,12 +18,7 @@ from ipvsproxy import __version__
 if TYPE_CHECKING:
     from ipvsproxy.config import ProxyConfig as ProxyConfigT
 
-NOT_IMPLEMENTED = 2
-
-
-def _not_implemented(name: str) -> int:
-    print(f"ipvsproxy {name}: not implemented yet", file=sys.stderr)
-    return NOT_IMPLEMENTED
+USAGE_ERROR = 2
 
 
 def _cmd_version(_args: argparse.Namespace) -> int:
@@ -85,8 +80,10 @@ def cmd_cleanup(argv: Sequence[str]) -> int:
     return 1 if result.errors else 0
 
 
-def _cmd_status(_args: argparse.Namespace) -> int:
-    return _not_implemented("status")
+def _cmd_status(args: argparse.Namespace) -> int:
+    from ipvsproxy import statuscli
+
+    return statuscli.run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (func, help_text) in commands.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(func=func)
+        if name == "status":
+            from ipvsproxy import statuscli
+
+            statuscli.add_arguments(p)
     return parser
 
 
@@ -122,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
-        return NOT_IMPLEMENTED
+        return USAGE_ERROR
     result: int = args.func(args)
     return result
 

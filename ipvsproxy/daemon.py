@@ -17,10 +17,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ipvsproxy import statusview
 from ipvsproxy.config import ProxyConfig
 from ipvsproxy.dataplane import Backends, Dataplane, SyncResult
 from ipvsproxy.events import EventRecorder
-from ipvsproxy.health import HealthState
+from ipvsproxy.health import HealthState, json_route
 from ipvsproxy.health import serve as serve_health
 from ipvsproxy.healthcheck import HealthCheckServers, Target
 from ipvsproxy.metrics import Metrics
@@ -79,6 +80,9 @@ class Proxy:
         self.health_checks = HealthCheckServers()
         self.events: EventRecorder | None = None
         self._reported: dict[tuple[str, str], int] = {}  # counter totals already exported
+        # Held while a sync changes the dataplane, so /status reads a consistent state.
+        self.sync_lock = threading.Lock()
+        self.last_sync: float | None = None  # wall time of the last sync without errors
 
     # -- events ------------------------------------------------------------------------------
 
@@ -150,11 +154,28 @@ class Proxy:
         return dirty
 
     def _converge(self, how: Callable[[], SyncResult]) -> SyncResult:
-        dirty = self._replan()
-        result = how()
-        self._record(result, dirty)
+        with self.sync_lock:
+            dirty = self._replan()
+            result = how()
+            self._record(result, dirty)
         self._health_checks()
         return result
+
+    def status_document(self) -> dict[str, Any]:
+        """The daemon's side of ``ipvsproxy status``: desired IPVS state and names."""
+        with self.sync_lock:
+            with self.cond:
+                pending = len(self.dirty)
+            desired = self.dp.desired
+            return statusview.daemon_document(
+                node=self.dp.node.name,
+                virtual_servers=desired.virtual_servers,
+                real_servers=desired.real_servers,
+                identities=self.dp.state.identities,
+                last_sync=self.last_sync,
+                pending=pending,
+                invalid=self.dp.errors,
+            )
 
     def apply_changes(self) -> SyncResult:
         return self._converge(self.dp.sync)
@@ -218,6 +239,7 @@ class Proxy:
                     self.events.warn(service, "FailedToProgram", why)
             return
         now = time.time()
+        self.last_sync = now
         m.last_sync.set(now)
         for trigger in dirty.values():
             if trigger is not None:
@@ -367,7 +389,10 @@ def run(cfg: ProxyConfig) -> int:
     if cfg.healthz_bind_address:
         serve_health(proxy.health, cfg.healthz_bind_address)
     if cfg.metrics_bind_address:
-        metrics.serve(cfg.metrics_bind_address)
+        metrics.serve(
+            cfg.metrics_bind_address,
+            {"/status": json_route(lambda: (200, proxy.status_document()))},
+        )
     core, discovery = client.CoreV1Api(api), client.DiscoveryV1Api(api)
     watch_timeout = max(1, int(cfg.watch_timeout))
     proxied = "!service.kubernetes.io/headless"

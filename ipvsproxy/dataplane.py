@@ -145,6 +145,10 @@ class Dataplane:
             return plan.error
         self.errors.pop(service, None)
         self.pending.merge(self.desired.update(service, plan))
+        if plan.virtual_servers:
+            self.state.identities[service] = plan.identity
+        else:
+            self.state.identities.pop(service, None)
         return None
 
     # -- ownership ---------------------------------------------------------------------------

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import socket
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -56,18 +58,23 @@ class HealthState:
         return (200 if healthy else 503), body
 
 
-def serve(state: HealthState, address: str) -> ThreadingHTTPServer:
+# A route answers (status code, content type, body).
+Route = Callable[[], tuple[int, str, bytes]]
+
+
+def serve_routes(address: str, routes: Mapping[str, Route], name: str) -> ThreadingHTTPServer:
+    """A small HTTP server in a daemon thread: GET on each path calls its route."""
     host, _, port = address.rpartition(":")
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path.split("?")[0] not in ("/healthz", "/livez"):
+            route = routes.get(self.path.split("?")[0])
+            if route is None:
                 self.send_error(404)
                 return
-            code, body = state.status(node_check=self.path.startswith("/healthz"))
-            data = json.dumps(body).encode()
+            code, ctype, data = route()
             self.send_response(code)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", ctype)
             self.send_header("X-Content-Type-Options", "nosniff")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -76,7 +83,28 @@ def serve(state: HealthState, address: str) -> ThreadingHTTPServer:
         def log_message(self, *_args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="healthz", daemon=True).start()
+    host = host.strip("[]") or "0.0.0.0"
+
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        daemon_threads = True
+
+    server = Server((host, int(port)), Handler)
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
     return server
+
+
+def json_route(produce: Callable[[], tuple[int, Any]]) -> Route:
+    def route() -> tuple[int, str, bytes]:
+        code, body = produce()
+        return code, "application/json", json.dumps(body).encode()
+
+    return route
+
+
+def serve(state: HealthState, address: str) -> ThreadingHTTPServer:
+    routes = {
+        "/healthz": json_route(lambda: state.status(node_check=True)),
+        "/livez": json_route(lambda: state.status(node_check=False)),
+    }
+    return serve_routes(address, routes, "healthz")

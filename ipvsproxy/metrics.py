@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from collections.abc import Mapping
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from ipvsproxy.health import Route, serve_routes
 
 _BUCKETS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024,
             2.048, 4.096, 8.192, 16.384)  # fmt: skip
@@ -79,6 +90,11 @@ class Metrics:
             registry=r,
         )
 
-    def serve(self, address: str) -> None:
-        host, _, port = address.rpartition(":")
-        start_http_server(int(port), addr=host or "0.0.0.0", registry=self.registry)
+    def serve(self, address: str, extra: Mapping[str, Route]) -> None:
+        """/metrics, and ``extra`` routes (the daemon's /status) on the same local address, as
+        upstream serves /configz and /proxyMode beside its metrics."""
+
+        def metrics() -> tuple[int, str, bytes]:
+            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+
+        serve_routes(address, {"/metrics": metrics, **extra}, "metrics")

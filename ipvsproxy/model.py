@@ -124,6 +124,23 @@ class DestStats:
 
 
 @dataclass(frozen=True, slots=True)
+class Traffic:
+    """Packet, byte and connection counters and rates of a virtual or real server, as
+    ``ipvsadm --stats`` and ``--rate`` show them (observed only; for ``ipvsproxy status``)."""
+
+    connections: int = 0
+    in_packets: int = 0
+    out_packets: int = 0
+    in_bytes: int = 0
+    out_bytes: int = 0
+    cps: int = 0
+    in_pps: int = 0
+    out_pps: int = 0
+    in_bps: int = 0
+    out_bps: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ObservedDest:
     server: RealServer
     stats: DestStats = field(default_factory=DestStats)

@@ -83,6 +83,7 @@ class Endpoint:
     terminating: bool
     node: str | None
     zone: str | None
+    pod: str | None = None  # namespace/name of the Pod behind it (targetRef), for status
 
 
 def service_id(obj: Mapping[str, Any]) -> str:
@@ -180,6 +181,13 @@ def service_ports(svc: Mapping[str, Any]) -> list[ServicePort]:
     return ports
 
 
+def _pod_of(ref: Any, sl: Mapping[str, Any]) -> str | None:
+    if not isinstance(ref, Mapping) or ref.get("kind", "Pod") != "Pod" or not ref.get("name"):
+        return None
+    namespace = ref.get("namespace") or (sl.get("metadata") or {}).get("namespace") or "default"
+    return f"{namespace}/{ref['name']}"
+
+
 def slice_endpoints(
     slices: Iterable[Mapping[str, Any]], port_name: str, protocol: Protocol
 ) -> list[Endpoint]:
@@ -210,6 +218,13 @@ def slice_endpoints(
                 if key in seen and seen[key].ready:
                     continue
                 seen[key] = Endpoint(
-                    ip, int(port), ready, serving, terminating, ep.get("nodeName"), ep.get("zone")
+                    ip,
+                    int(port),
+                    ready,
+                    serving,
+                    terminating,
+                    ep.get("nodeName"),
+                    ep.get("zone"),
+                    _pod_of(ep.get("targetRef"), sl),
                 )
     return [seen[k] for k in sorted(seen)]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from ipvsproxy import identity as I
 from ipvsproxy import ipsets as S
 from ipvsproxy.model import (
     SVC_F_PERSISTENT,
@@ -78,6 +79,7 @@ class ServicePlan:
     out_filters: frozenset[OutFilter] = frozenset()
     no_local_endpoints: int = 0  # ports with eTP/iTP Local and no local endpoint (metric)
     error: str | None = None  # why the Service could not be programmed
+    identity: I.ServiceIdentity = field(default_factory=I.ServiceIdentity)  # names, for status
 
 
 EMPTY = ServicePlan()
@@ -91,9 +93,14 @@ class _Builder:
         self.members: defaultdict[str, set[str]] = defaultdict(set)
         self.out_filters: set[OutFilter] = set()
         self.no_local = 0
+        self.ids: dict[ServiceKey, I.VirtualServerIdentity] = {}
+        self.eps: dict[str, I.EndpointIdentity] = {}
 
-    def add_vs(self, vs: VirtualServer, endpoints: Iterable[Endpoint]) -> None:
+    def add_vs(
+        self, vs: VirtualServer, endpoints: Iterable[Endpoint], sp: ServicePort, role: str
+    ) -> None:
         self.vs[vs.key] = vs
+        self.ids[vs.key] = I.VirtualServerIdentity(sp.service, sp.name, sp.port, sp.type, role)
         self.rs[vs.key] = {
             DestKey(e.address, e.port): RealServer(DestKey(e.address, e.port), weight=1)
             for e in endpoints
@@ -110,6 +117,7 @@ class _Builder:
             members=_frozen({k: frozenset(v) for k, v in self.members.items() if v}),
             out_filters=frozenset(self.out_filters),
             no_local_endpoints=self.no_local,
+            identity=I.ServiceIdentity.of(self.ids, self.eps),
         )
 
 
@@ -139,14 +147,15 @@ def _plan_port(
     if (sp.internal_local or sp.external_local) and not local and cluster:
         b.no_local += 1
     for e in endpoints:
+        b.eps[e.address] = I.EndpointIdentity(e.pod, e.node)
         if e.node == node.name:
             b.member(S.LOOP_BACK, f"{e.address},{proto}:{e.port},{e.address}")
     for ip in sp.cluster_ips:
-        b.add_vs(_virtual_server(sp, ip, sp.port, cfg), internal)
+        b.add_vs(_virtual_server(sp, ip, sp.port, cfg), internal, sp, I.ROLE_CLUSTER_IP)
         b.bind.add(ip)
         b.member(S.CLUSTER_IP, f"{ip},{proto}:{sp.port}")
     for ip in sp.external_ips:
-        b.add_vs(_virtual_server(sp, ip, sp.port, cfg), external)
+        b.add_vs(_virtual_server(sp, ip, sp.port, cfg), external, sp, I.ROLE_EXTERNAL_IP)
         if ip not in node.local_addresses:
             b.bind.add(ip)
         b.member(
@@ -170,7 +179,7 @@ def _plan_lb_vip(
 ) -> None:
     proto = sp.protocol.value.lower()
     entry = f"{ip},{proto}:{sp.port}"
-    b.add_vs(_virtual_server(sp, ip, sp.port, cfg), endpoints)
+    b.add_vs(_virtual_server(sp, ip, sp.port, cfg), endpoints, sp, I.ROLE_LOAD_BALANCER)
     if ip not in node.local_addresses:
         b.bind.add(ip)
     b.member(S.LOAD_BALANCER, entry)
@@ -202,7 +211,7 @@ def _plan_node_port(
         return
     all_set, local_set = _NODE_PORT_SETS[sp.protocol]
     for ip in node.node_ips:
-        b.add_vs(_virtual_server(sp, ip, sp.node_port, cfg), endpoints)
+        b.add_vs(_virtual_server(sp, ip, sp.node_port, cfg), endpoints, sp, I.ROLE_NODE_PORT)
     if sp.protocol is Protocol.SCTP:
         entries = [f"{ip},sctp:{sp.node_port}" for ip in node.node_ips]
     else:

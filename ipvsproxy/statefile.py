@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ipvsproxy.identity import ServiceIdentity, identities_from_json, identities_to_json
 from ipvsproxy.model import DestKey, Protocol, ServiceKey
 
 VERSION = 1
@@ -27,6 +28,9 @@ class State:
     draining_since: dict[tuple[ServiceKey, DestKey], float] = field(default_factory=dict)
     rules_digest: str = ""
     iptables_fingerprint: str = ""
+    # What each programmed Service's virtual and real servers stand for, so that
+    # `ipvsproxy status` can name them while the daemon is not running.
+    identities: dict[str, ServiceIdentity] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -40,6 +44,7 @@ class State:
             ),
             "rulesDigest": self.rules_digest,
             "iptablesFingerprint": self.iptables_fingerprint,
+            "identities": identities_to_json(self.identities),
         }
 
     @classmethod
@@ -56,6 +61,7 @@ class State:
             },
             rules_digest=str(data.get("rulesDigest", "")),
             iptables_fingerprint=str(data.get("iptablesFingerprint", "")),
+            identities=identities_from_json(data.get("identities", {})),
         )
 
 
@@ -66,12 +72,11 @@ class StateFile:
 
     def load(self) -> State:
         try:
-            data = json.loads(self.path.read_text())
+            state = State.from_json(json.loads(self.path.read_text()))
         except FileNotFoundError:
             return State()
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"state file {self.path} is unreadable: {exc}") from exc
-        state = State.from_json(data)
         self._written = state.to_json()
         return state
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from ipvsproxy.backends.errors import ApplyError, Counters, Rejected, Result, settle
 from ipvsproxy.diff import DestOp, OpKind, ServiceOp
-from ipvsproxy.model import DestKey, ObservedDest, ServiceKey, VirtualServer
+from ipvsproxy.model import DestKey, ObservedDest, ServiceKey, Traffic, VirtualServer
 from ipvsproxy.netlink import ipvs_messages as m
 from ipvsproxy.netlink.sock import NETLINK_GENERIC, NetlinkSocket, resolve_family
 
@@ -37,6 +37,26 @@ class IPVS:
             dest = m.parse_dest(msg, family)
             if dest is not None:
                 found[dest.server.key] = dest
+        return found
+
+    def services_with_traffic(self) -> dict[ServiceKey, tuple[VirtualServer, Traffic]]:
+        """Virtual servers with their counters: the operator's view, not the sync path's."""
+        seq = self.sock.next_seq()
+        found: dict[ServiceKey, tuple[VirtualServer, Traffic]] = {}
+        for msg in self.sock.dump(self.encoder.dump_services(seq), seq):
+            vs = m.parse_service(msg)
+            if vs is not None:
+                found[vs.key] = (vs, m.service_traffic(msg))
+        return found
+
+    def dests_with_traffic(self, key: ServiceKey) -> dict[DestKey, tuple[ObservedDest, Traffic]]:
+        seq = self.sock.next_seq()
+        family = m.family_of(key)
+        found: dict[DestKey, tuple[ObservedDest, Traffic]] = {}
+        for msg in self.sock.dump(self.encoder.dump_dests(seq, key), seq):
+            dest = m.parse_dest(msg, family)
+            if dest is not None:
+                found[dest.server.key] = (dest, m.dest_traffic(msg))
         return found
 
     def _encode(self, seq: int, op: ServiceOp | DestOp) -> bytes:

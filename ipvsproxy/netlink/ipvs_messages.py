@@ -15,6 +15,7 @@ from ipvsproxy.model import (
     Protocol,
     RealServer,
     ServiceKey,
+    Traffic,
     VirtualServer,
     is_ipv6,
 )
@@ -50,6 +51,8 @@ SVC_SCHED_NAME = 6
 SVC_FLAGS = 7
 SVC_TIMEOUT = 8
 SVC_NETMASK = 9
+SVC_STATS = 10
+SVC_STATS64 = 12
 
 DEST_ADDR = 1
 DEST_PORT = 2
@@ -60,7 +63,24 @@ DEST_L_THRESH = 6
 DEST_ACTIVE_CONNS = 7
 DEST_INACT_CONNS = 8
 DEST_PERSIST_CONNS = 9
+DEST_STATS = 10
 DEST_ADDR_FAMILY = 11
+DEST_STATS64 = 12
+
+# Inside a stats attribute (enum ip_vs_stats_attrs), in the order of Traffic's fields; the
+# 64-bit variant carries every counter as u64, the old one u32 but for the byte counts.
+_STATS_FIELDS = (
+    "connections",
+    "in_packets",
+    "out_packets",
+    "in_bytes",
+    "out_bytes",
+    "cps",
+    "in_pps",
+    "out_pps",
+    "in_bps",
+    "out_bps",
+)
 
 _FLAGS = struct.Struct("=II")
 _REQ_ACK = codec.NLM_F_REQUEST | codec.NLM_F_ACK
@@ -237,6 +257,36 @@ def parse_dest(msg: codec.Message, service_family: int) -> ObservedDest | None:
         RealServer(key, weight=u32(DEST_WEIGHT), fwd_method=u32(DEST_FWD_METHOD) & 0x7),
         DestStats(u32(DEST_ACTIVE_CONNS), u32(DEST_INACT_CONNS), u32(DEST_PERSIST_CONNS)),
     )
+
+
+def _traffic(data: bytes, a: dict[int, tuple[int, int]], stats64: int, stats: int) -> Traffic:
+    span, wide = (a[stats64], True) if stats64 in a else (a.get(stats), False)
+    if span is None:
+        return Traffic()
+    values: dict[str, int] = {}
+    for kind, sub in codec.iter_attrs(data, span[0], span[1]):
+        if 1 <= kind <= len(_STATS_FIELDS):
+            name = _STATS_FIELDS[kind - 1]
+            u64 = wide or name.endswith("_bytes")
+            values[name] = codec.get_u64(data, sub) if u64 else codec.get_u32(data, sub)
+    return Traffic(**values)
+
+
+def service_traffic(msg: codec.Message) -> Traffic:
+    """The counters of a NEW_SERVICE dump message (read only by ``ipvsproxy status``)."""
+    span = msg.attrs().get(ATTR_SERVICE)
+    if span is None:
+        return Traffic()
+    a = codec.attrs_of(msg.data, span[0], span[1])
+    return _traffic(msg.data, a, SVC_STATS64, SVC_STATS)
+
+
+def dest_traffic(msg: codec.Message) -> Traffic:
+    span = msg.attrs().get(ATTR_DEST)
+    if span is None:
+        return Traffic()
+    a = codec.attrs_of(msg.data, span[0], span[1])
+    return _traffic(msg.data, a, DEST_STATS64, DEST_STATS)
 
 
 def family_of(key: ServiceKey) -> int:

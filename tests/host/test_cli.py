@@ -1,4 +1,4 @@
-"""The ipvsproxy command line: help and version work; unfinished commands fail loudly."""
+"""The ipvsproxy command line: help and version work; bad input fails with a clear message."""
 
 from __future__ import annotations
 
@@ -27,9 +27,21 @@ def test_help_lists_every_subcommand() -> None:
         assert name in proc.stdout
 
 
-def test_status_is_not_implemented_yet(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["status"]) == 2
-    assert "not implemented yet" in capsys.readouterr().err
+def test_status_without_ipvs_in_the_kernel_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """This host's kernel has no IPVS: status names that, rather than printing an empty table."""
+    assert cli.main(["status", "--state-file", "/nonexistent/state.json"]) == 1
+    assert "ipvsproxy status: cannot read IPVS from the kernel" in capsys.readouterr().err
+
+
+def test_status_rejects_a_malformed_service_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["status", "--service", "just-a-name"]) == 2
+    assert "--service wants NAMESPACE/NAME" in capsys.readouterr().err
+
+
+def test_status_stats_and_rate_exclude_each_other() -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["status", "--stats", "--rate"])
+    assert exc.value.code == 2
 
 
 @pytest.mark.parametrize("command", ["run", "cleanup"])
