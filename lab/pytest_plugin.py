@@ -43,6 +43,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--lab-mem", default="1G", help="guest memory (default 1G)")
     group.addoption(
+        "--e2e-kubeconfig",
+        default=None,
+        metavar="PATH",
+        help="run tests/e2e on the host against the real cluster of this kubeconfig "
+        "(ipvsproxy deployed on it) instead of in the kernel lab",
+    )
+    group.addoption(
         "--lab-guest-report",
         default=None,
         help="(internal) inside the guest: where to write test reports for the host",

@@ -1,14 +1,20 @@
 """`ipvsproxy run` in every node namespace against the lab API server, as an operator runs it:
-a kubeconfig, kube-proxy's flags, real traffic."""
+a kubeconfig, kube-proxy's flags, real traffic (``lab.kube.LabKube``).
+
+What a user of any cluster sees (Services reachable from pods, nodes and outside, endpoints
+followed, deletion, externalTrafficPolicy Local, session affinity) is in tests/e2e, which runs
+on the lab and on real clusters. Here is what only the lab can do: start the daemons and watch
+/healthz before the first sync, taint a Node object, take the API server away and compact its
+history, compare every node's kernel state before and after cleanup, start with bad flags.
+"""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
+import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,22 +22,10 @@ from typing import Any
 import pytest
 
 from lab import netns
-from lab.apiserver import APIServer
+from lab.kube import LabKube, healthz, http_get_from, metrics, sync_count, wait_for
 from lab.topology import Cluster, Node
 
 pytestmark = pytest.mark.kernel
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{what} did not hold within {timeout} s")
 
 
 def bind(check: Callable[[str], bool], ns: str) -> Callable[[], bool]:
@@ -39,87 +33,21 @@ def bind(check: Callable[[str], bool], ns: str) -> Callable[[], bool]:
     return lambda: check(ns)
 
 
-class Daemons:
-    def __init__(
-        self, cluster: Cluster, kubeconfig: Path, workdir: Path, extra: tuple[str, ...] = ()
-    ) -> None:
-        self.cluster = cluster
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        for node in cluster.nodes:
-            log = (workdir / f"{node.name}.log").open("wb")
-            self.procs[node.name] = subprocess.Popen(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    node.netns,
-                    sys.executable,
-                    "-m",
-                    "ipvsproxy",
-                    "run",
-                    "--kubeconfig",
-                    str(kubeconfig),
-                    "--hostname-override",
-                    node.name,
-                    "--cluster-cidr",
-                    "10.244.0.0/16",
-                    "--state-file",
-                    str(workdir / f"{node.name}.json"),
-                    "--ipvs-sync-period",
-                    "10s",
-                    "--ipvs-min-sync-period",
-                    "100ms",
-                    "--healthz-bind-address",
-                    "0.0.0.0:10256",
-                    "--metrics-bind-address",
-                    "127.0.0.1:10249",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.workdir = workdir
-
-    def logs(self) -> str:
-        return "\n".join(
-            f"--- {n} ---\n" + (self.workdir / f"{n}.log").read_text()[-3000:] for n in self.procs
-        )
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            proc.terminate()
-        for proc in self.procs.values():
-            proc.wait(timeout=20)
-
-
-HEALTHZ = "http://127.0.0.1:10256/healthz"
-
-
-def sync_count(node: Node) -> float:
-    text = http_get(node, "http://127.0.0.1:10249/metrics")[1]
-    for line in text.splitlines():
-        if line.startswith("kubeproxy_sync_proxy_rules_duration_seconds_count"):
-            return float(line.split()[-1])
-    raise AssertionError("no sync duration histogram")
-
-
-def http_get(node: Node, url: str) -> tuple[int, str]:
-    return http_get_from(node.netns, url)
-
-
 @pytest.fixture
-def api(lab_cluster: Cluster, tmp_path: Path) -> Iterator[tuple[APIServer, Any, Path]]:
-    from kubernetes import config
-
-    new_client: Any = config.new_client_from_config
-    srv = APIServer(host=lab_cluster.apiserver_ip, port=6443, bookmark_interval=1.0).start()
-    kubeconfig = srv.write_kubeconfig(tmp_path / "kubeconfig")
+def kube(lab_cluster: Cluster, tmp_path: Path) -> Iterator[LabKube]:
+    """API server and slice controller started; the test starts the daemons."""
+    lab = LabKube(lab_cluster, tmp_path, daemon_flags=("--watch-timeout", "3s"))
+    lab.start_apiserver()
+    lab.start_controller()
     try:
-        yield srv, new_client(str(kubeconfig)), kubeconfig
+        yield lab
     finally:
-        srv.stop()
+        print(lab.logs())  # shown with a failure's report
+        lab.stop(cleanup=True)
 
 
 def slice_body(name: str, pods: list[Any]) -> dict[str, Any]:
+    """A hand-written slice, for a Service without a selector."""
     return {
         "metadata": {"name": f"{name}-1", "labels": {"kubernetes.io/service-name": name}},
         "addressType": "IPv4",
@@ -130,118 +58,82 @@ def slice_body(name: str, pods: list[Any]) -> dict[str, Any]:
     }
 
 
-def test_services_through_the_api_reach_every_node(
-    lab_cluster: Cluster, api: tuple[APIServer, Any, Path], tmp_path: Path
-) -> None:
+def test_health_taint_and_metrics_follow_the_daemon(lab_cluster: Cluster, kube: LabKube) -> None:
     from kubernetes import client
 
-    _srv, api_client, kubeconfig = api
-    core: Any = client.CoreV1Api(api_client)
-    disc: Any = client.DiscoveryV1Api(api_client)
-    daemons = Daemons(lab_cluster, kubeconfig, tmp_path)
-    try:
-        n1, n2 = lab_cluster.nodes[0], lab_cluster.nodes[1]
-        # Before the first sync /healthz is 503; after it, 200.
-        first: list[int] = []
+    core: Any = client.CoreV1Api(kube.api)
+    disc: Any = client.DiscoveryV1Api(kube.api)
+    kube.start_daemons()
+    n1, n2 = lab_cluster.nodes[0], lab_cluster.nodes[1]
+    # Before the first sync /healthz is 503; after it, 200.
+    first: list[int] = []
 
-        def serving() -> bool:
-            first.append(http_get(n1, "http://127.0.0.1:10256/healthz")[0])
-            return True
+    def serving() -> bool:
+        first.append(healthz(n1)[0])
+        return True
 
-        wait_for(serving, 60, "healthz serving")
-        assert first[0] == 503
-        for node in (n1, n2):  # each node's first sync done
-            wait_for(bind(lambda ns: http_get_from(ns, HEALTHZ)[0] == 200, node.netns), 60, "200")
-        # A node the cluster autoscaler is removing fails /healthz (load balancers drain it)
-        # while /livez stays 200.
-        taint = {"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}
-        core.create_node({"metadata": {"name": "node-2"}, "spec": {"taints": [taint]}})
-        wait_for(lambda: http_get(n2, HEALTHZ)[0] == 503, 30, "tainted node unhealthy")
-        assert http_get(n2, "http://127.0.0.1:10256/livez")[0] == 200
-        assert json.loads(http_get(n2, HEALTHZ)[1])["nodeEligible"] is False
-        core.delete_node("node-2")
-        core.create_namespaced_service(
-            "default",
-            {
-                "metadata": {"name": "web"},
-                "spec": {
-                    "type": "NodePort",
-                    "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30500}],
-                },
+    wait_for(serving, 60, "healthz serving")
+    assert first[0] == 503
+    for node in (n1, n2):  # each node's first sync done
+        kube.wait_first_sync(node)
+    # A node the cluster autoscaler is removing fails /healthz (load balancers drain it)
+    # while /livez stays 200.
+    taint = {"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}
+    core.create_node({"metadata": {"name": "node-2"}, "spec": {"taints": [taint]}})
+    wait_for(lambda: healthz(n2)[0] == 503, 30, "tainted node unhealthy")
+    assert healthz(n2, "/livez")[0] == 200
+    assert json.loads(healthz(n2)[1])["nodeEligible"] is False
+    core.delete_node("node-2")
+    # A Service without a selector: its slice is written by hand (the lab's controller leaves
+    # it alone, as upstream's does).
+    core.create_namespaced_service(
+        "default",
+        {
+            "metadata": {"name": "web"},
+            "spec": {
+                "type": "NodePort",
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30500}],
             },
-        )
-        vip = core.read_namespaced_service("web", "default").spec.cluster_ip
-        disc.create_namespaced_endpoint_slice("default", slice_body("web", [lab_cluster.pods[0]]))
+        },
+    )
+    vip = core.read_namespaced_service("web", "default").spec.cluster_ip
+    disc.create_namespaced_endpoint_slice("default", slice_body("web", [lab_cluster.pods[0]]))
 
-        def answers(ns: str, ip: str, port: int, n: int = 4) -> set[str]:
-            return {netns.tcp_request(ns, ip, port, timeout=2)["pod"] for _ in range(n)}
+    def answers(ns: str, ip: str, port: int, n: int = 4) -> set[str]:
+        return {netns.tcp_request(ns, ip, port, timeout=2)["pod"] for _ in range(n)}
 
-        for node in lab_cluster.nodes:
-            wait_for(
-                bind(lambda ns: answers(ns, vip, 80) == {"pod-1-1"}, node.pods[0].netns),
-                30,
-                f"ClusterIP from {node.name}",
-            )
-        wait_for(lambda: answers("external", n2.ip, 30500) == {"pod-1-1"}, 30, "NodePort")
-        syncs_before = sync_count(n1)
-        # Scale up: every pod answers; then down again.
-        disc.replace_namespaced_endpoint_slice(
-            "web-1", "default", slice_body("web", list(lab_cluster.pods[:4]))
-        )
-        want = {p.name for p in lab_cluster.pods[:4]}
-        wait_for(lambda: answers(n2.pods[1].netns, vip, 80, 12) == want, 30, "scale up")
-        disc.replace_namespaced_endpoint_slice(
-            "web-1", "default", slice_body("web", [lab_cluster.pods[3]])
-        )
+    wait_for(lambda: answers(n1.pods[1].netns, vip, 80) == {"pod-1-1"}, 30, "ClusterIP")
+    wait_for(lambda: answers("external", n2.ip, 30500) == {"pod-1-1"}, 30, "NodePort")
+    syncs_before = sync_count(n1)
+    disc.replace_namespaced_endpoint_slice(
+        "web-1", "default", slice_body("web", list(lab_cluster.pods[:4]))
+    )
+    want = {p.name for p in lab_cluster.pods[:4]}
+    wait_for(lambda: answers(n2.pods[1].netns, vip, 80, 12) == want, 30, "scale up")
+    assert [s.metadata.name for s in disc.list_namespaced_endpoint_slice("default").items] == [
+        "web-1"
+    ]
+    # Metrics moved with the syncs.
+    status, text = http_get_from(n1.netns, "http://127.0.0.1:10249/metrics")
+    assert status == 200
+    assert sync_count(n1) > syncs_before
+    for name in (
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+        "kubeproxy_sync_proxy_rules_service_changes_total",
+        'ipvsproxy_netlink_operations_total{kind="add_dest",outcome="ok"}',
+    ):
+        assert name in text, name
+    core.delete_namespaced_service("web", "default")
+    for node in lab_cluster.nodes:
         wait_for(
-            lambda: answers(n1.pods[1].netns, vip, 80) == {lab_cluster.pods[3].name},
+            bind(lambda ns: vip not in lab_cluster.exec(ns, "ipvsadm", "-Ln").stdout, node.netns),
             30,
-            "scale down",
+            f"delete on {node.name}",
         )
-        # Metrics moved with the syncs.
-        status, text = http_get(n1, "http://127.0.0.1:10249/metrics")
-        assert status == 200
-        assert sync_count(n1) > syncs_before
-        for name in (
-            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-            "kubeproxy_sync_proxy_rules_endpoint_changes_total",
-            "kubeproxy_sync_proxy_rules_service_changes_total",
-            'ipvsproxy_netlink_operations_total{kind="add_dest",outcome="ok"}',
-        ):
-            assert name in text, name
-        # Delete: gone from every node.
-        core.delete_namespaced_service("web", "default")
-        for node in lab_cluster.nodes:
-            wait_for(
-                bind(
-                    lambda ns: vip not in lab_cluster.exec(ns, "ipvsadm", "-Ln").stdout, node.netns
-                ),
-                30,
-                f"delete on {node.name}",
-            )
-        status, body = http_get(n1, "http://127.0.0.1:10256/healthz")
-        assert status == 200 and "lastUpdated" in json.loads(body)
-    except BaseException:
-        print(daemons.logs())
-        raise
-    finally:
-        daemons.stop()
-        for node in lab_cluster.nodes:
-            subprocess.run(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    node.netns,
-                    sys.executable,
-                    "-m",
-                    "ipvsproxy",
-                    "cleanup",
-                    "--state-file",
-                    str(tmp_path / f"{node.name}.json"),
-                ],
-                capture_output=True,
-            )
+    assert "kubeproxy_sync_proxy_rules_last_timestamp_seconds" in metrics(n1)
+    status, body = healthz(n1)
+    assert status == 200 and "lastUpdated" in json.loads(body)
 
 
 BUILTIN = {"INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING"}
@@ -283,20 +175,18 @@ def node_dump(cluster: Cluster, node: Node) -> str:
 
 
 def test_outage_compaction_health_checks_and_cleanup(
-    lab_cluster: Cluster, api: tuple[APIServer, Any, Path], tmp_path: Path
+    lab_cluster: Cluster, kube: LabKube, tmp_path: Path
 ) -> None:
-    import threading
-
     from kubernetes import client
 
     from lab.apiserver.resources import lookup
 
-    srv, api_client, kubeconfig = api
-    core: Any = client.CoreV1Api(api_client)
-    disc: Any = client.DiscoveryV1Api(api_client)
+    srv = kube.server
+    core: Any = client.CoreV1Api(kube.api)
+    disc: Any = client.DiscoveryV1Api(kube.api)
     n1, n2 = lab_cluster.nodes[0], lab_cluster.nodes[1]
     before = {n.name: node_dump(lab_cluster, n) for n in lab_cluster.nodes}
-    daemons = Daemons(lab_cluster, kubeconfig, tmp_path, ("--watch-timeout", "3s"))
+    daemons = kube.start_daemons()
     failures: list[str] = []
     stop = threading.Event()
     try:
@@ -339,9 +229,9 @@ def test_outage_compaction_health_checks_and_cleanup(
 
         t = threading.Thread(target=traffic, daemon=True)
         t.start()
-        # The API server goes away for longer than a watch request lasts. Meanwhile a Service
-        # appears in its store and history is compacted: the daemons' watches resume from a
-        # resourceVersion that is gone (410) and must relist.
+        # The API server goes away for longer than a watch request lasts (--watch-timeout 3s).
+        # Meanwhile a Service appears in its store and history is compacted: the daemons'
+        # watches resume from a resourceVersion that is gone (410) and must relist.
         srv.stop()
         late = {
             "apiVersion": "v1",
@@ -365,25 +255,13 @@ def test_outage_compaction_health_checks_and_cleanup(
         assert failures == []
         relists = "relisting" in daemons.logs()
         assert relists, "no informer saw 410 Gone"
-    except BaseException:
-        print(daemons.logs())
-        raise
     finally:
         stop.set()
         daemons.stop()
     # SIGTERM left the dataplane in place: traffic keeps flowing while the pods restart.
     assert netns.tcp_request(n2.pods[0].netns, vip, 80)["pod"] == "pod-1-1"
     # Cleanup after the run leaves every node exactly as it was before.
-    for node in lab_cluster.nodes:
-        proc = lab_cluster.exec(
-            node.netns,
-            sys.executable,
-            "-m",
-            "ipvsproxy",
-            "cleanup",
-            "--state-file",
-            str(tmp_path / f"{node.name}.json"),
-        )
+    for node, proc in zip(lab_cluster.nodes, daemons.cleanup(), strict=True):
         assert proc.returncode == 0, proc.stderr
         assert node_dump(lab_cluster, node) == before[node.name]
     # And a second cleanup, with nothing left to remove, succeeds.
@@ -399,15 +277,6 @@ def test_outage_compaction_health_checks_and_cleanup(
         ).returncode
         == 0
     )
-
-
-def http_get_from(ns: str, url: str) -> tuple[int, str]:
-    with netns.entered(ns):
-        try:
-            with urllib.request.urlopen(url, timeout=3) as resp:
-                return resp.status, resp.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
 
 
 @pytest.mark.parametrize(
