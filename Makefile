@@ -48,7 +48,7 @@ fmt: setup
 	$(VENV)/bin/ruff check --fix .
 
 demo: setup
-	@echo "make demo: not implemented yet (issue 5)" >&2; exit 2
+	$(PY) -m lab demo
 
 bench: setup
 	@echo "make bench: not implemented yet (issue 6)" >&2; exit 2

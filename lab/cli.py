@@ -97,6 +97,12 @@ def _cmd_apiserver(args: argparse.Namespace) -> int:
     return cli_main(args.args)
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from lab import demo
+
+    return demo.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lab", description=__doc__)
     sub = parser.add_subparsers(dest="what", metavar="COMMAND", required=True)
@@ -122,6 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--pods", type=int, default=2, help="pods per node")
     cluster.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     cluster.set_defaults(func=_cmd_cluster)
+    demo = sub.add_parser(
+        "demo",
+        help="boot a 3-node lab cluster running ipvsproxy, send traffic, show who answered",
+        description="Boot the lab kernel; build 3 nodes, start the lab API server, its "
+        "EndpointSlice controller and ipvsproxy run on every node; apply lab/demo/app.yaml; "
+        "send traffic from pods, nodes and outside; print who answered and the client "
+        "address the pod saw, then ipvsproxy status. Exits 1 if any expectation failed.",
+    )
+    from lab.demo import add_arguments as demo_arguments
+
+    demo_arguments(demo)
+    demo.set_defaults(func=_cmd_demo)
     api = sub.add_parser(
         "apiserver",
         help="serve the lab's Kubernetes API (Services, EndpointSlices, Nodes, Events)",
