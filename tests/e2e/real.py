@@ -3,9 +3,11 @@
 ipvsproxy must already run on every node (deploy/). The set-up creates namespace
 ``ipvsproxy-e2e`` (PodSecurity ``privileged``: the node clients use the host network) with
 
-- ConfigMap ``echo``: ``lab/__init__.py``, ``lab/netns.py`` and ``lab/echo.py`` of this checkout,
+- ConfigMap ``echo``: ``lab/__init__.py``, ``lab/netns.py`` and ``lab/echo.py`` of this checkout
+  and ``pod_echo.py`` (``POD_ECHO`` below), mounted at /opt/lab,
 - per node, echo pods ``echo-<node>-1`` and ``-2`` (image ``python:3.11-slim`` running lab/echo.py
-  on port 8080, pinned with ``nodeName``, tolerating every taint, ready once 8080 accepts),
+  on port 8080 for TCP and UDP, pinned with ``nodeName``, tolerating every taint, ready once 8080
+  accepts),
 - per node, a client pod ``client-<node>`` (pod network) and ``hostclient-<node>`` (host network),
   both ``python:3.11-slim`` sleeping; requests from them go through ``kubectl exec``,
 
@@ -46,10 +48,37 @@ ECHO_PORT = 8080
 ECHO_PER_NODE = 2
 READY_TIMEOUT = 300.0
 
-ECHO_COMMAND = (
-    "import os, sys; sys.path.insert(0, '/opt'); from lab.echo import serve; "
-    f"serve([(os.environ['POD_NAME'], None)], {ECHO_PORT})"
-)
+# The echo pods' entry point (in the ConfigMap beside lab/echo.py): lab/echo.py's server for
+# one pod in its own network namespace. lab/echo.py also serves SCTP; a node whose kernel has
+# no SCTP gets a TCP listener on a spare loopback port in its place.
+POD_ECHO = f"""
+import os, socket, sys
+sys.path.insert(0, "/opt")
+from lab import echo
+
+
+def listen(_netns, port):
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    tcp.bind(("0.0.0.0", port))
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("0.0.0.0", port))
+    try:
+        sctp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_SCTP)
+        sctp.bind(("0.0.0.0", port))
+    except OSError:
+        sctp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sctp.bind(("127.0.0.1", 0))
+    for s in (tcp, sctp):
+        s.listen(128)
+    for s in (tcp, udp, sctp):
+        s.setblocking(False)
+    return tcp, udp, sctp
+
+
+echo._listen = listen
+echo.serve([(os.environ["POD_NAME"], "")], {ECHO_PORT})
+"""
 # Runs in a client pod: one echo request, its JSON answer on stdout.
 CLIENT_SCRIPT = """
 import socket, sys
@@ -118,7 +147,7 @@ def _echo_pod(name: str, node: str) -> Any:
         {
             "name": "echo",
             "image": IMAGE,
-            "command": ["python", "-u", "-c", ECHO_COMMAND],
+            "command": ["python", "-u", "/opt/lab/pod_echo.py"],
             "env": [
                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
             ],
@@ -177,6 +206,7 @@ class RealCluster:
             }
         )
         code = {f: (REPO / "lab" / f).read_text() for f in ("__init__.py", "netns.py", "echo.py")}
+        code["pod_echo.py"] = POD_ECHO
         self.core.create_namespaced_config_map(
             NAMESPACE, {"metadata": {"name": "echo"}, "data": code}
         )

@@ -103,6 +103,8 @@ def test_health_taint_and_metrics_follow_the_daemon(lab_cluster: Cluster, kube: 
         return {netns.tcp_request(ns, ip, port, timeout=2)["pod"] for _ in range(n)}
 
     wait_for(lambda: answers(n1.pods[1].netns, vip, 80) == {"pod-1-1"}, 30, "ClusterIP")
+    # The endpoint itself through its own Service (hairpin, masqueraded by KUBE-LOOP-BACK).
+    wait_for(lambda: answers(n1.pods[0].netns, vip, 80) == {"pod-1-1"}, 30, "hairpin")
     wait_for(lambda: answers("external", n2.ip, 30500) == {"pod-1-1"}, 30, "NodePort")
     syncs_before = sync_count(n1)
     disc.replace_namespaced_endpoint_slice(
@@ -187,6 +189,8 @@ def test_outage_compaction_health_checks_and_cleanup(
     n1, n2 = lab_cluster.nodes[0], lab_cluster.nodes[1]
     before = {n.name: node_dump(lab_cluster, n) for n in lab_cluster.nodes}
     daemons = kube.start_daemons()
+    for node in lab_cluster.nodes:
+        kube.wait_first_sync(node)  # a daemon that did not start fails here, with its logs
     failures: list[str] = []
     stop = threading.Event()
     try:
