@@ -9,6 +9,7 @@ first list. SIGTERM leaves the dataplane in place: traffic keeps flowing while t
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import socket
 import threading
@@ -260,7 +261,9 @@ class Proxy:
             if self.stop.wait(0.1):
                 return
         log.info("initial lists done: %d services", len(self.services))
-        last_full = 0.0
+        # The first full sync is due at once. (0.0 would delay it until the monotonic clock,
+        # which starts near 0 when the node boots, passes one sync period.)
+        last_full = -math.inf
         last_sync = 0.0
         backoff = 0.0
         while not self.stop.is_set():

@@ -112,6 +112,8 @@ class DaemonView:
 
 def parse_daemon_document(doc: Mapping[str, Any]) -> DaemonView:
     """Raises ValueError on a document this version cannot read."""
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"malformed daemon status document: not an object but {doc!r:.80}")
     if doc.get("version") != DAEMON_DOCUMENT_VERSION:
         raise ValueError(f"unsupported daemon status version {doc.get('version')!r}")
     try:
@@ -134,7 +136,7 @@ def parse_daemon_document(doc: Mapping[str, Any]) -> DaemonView:
             real_servers=rss,
             identities=identities_from_json(doc.get("identities") or {}),
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed daemon status document: {exc!r}") from exc
 
 

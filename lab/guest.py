@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab import uml_xstate
+
 REPO = Path(__file__).resolve().parent.parent
 INIT = Path(__file__).resolve().parent / "guest-init.sh"
 KERNEL = Path("/usr/bin/linux.uml")
@@ -160,6 +162,8 @@ def guest_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     }
     if sys.prefix != sys.base_prefix:
         env["VIRTUAL_ENV"] = sys.prefix
+    # On hosts where UML cannot keep AVX state (AMX hosts), nothing in the guest may use AVX.
+    env.update(uml_xstate.guest_env())
     if extra:
         env.update(extra)
     return env
@@ -176,7 +180,8 @@ def _setup_script(release: str, modules: Sequence[str]) -> str:
         f"ln -s {UML_MODULES / release} {GUEST_MODROOT}/lib/modules/{release}",
         # A modprobe that finds the UML modules, for the kernel's auto-loading and for tools
         # such as iptables-legacy that run modprobe themselves.
-        f"printf '#!/bin/sh\\nexec /sbin/modprobe -d {GUEST_MODROOT} \"$@\"\\n' "
+        f"printf '#!/bin/sh\\n{uml_xstate.printf_exports()}"
+        f'exec /sbin/modprobe -d {GUEST_MODROOT} "$@"\\n\' '
         f"> {GUEST_BIN}/modprobe",
         f"chmod +x {GUEST_BIN}/modprobe",
         f"echo {GUEST_BIN}/modprobe > /proc/sys/kernel/modprobe",
@@ -230,7 +235,7 @@ def boot(
             "con0=null,fd:1",
             "ssl=null",
         ]
-        return _supervise(argv, on_output or _print_line, timeout, run_dir)
+        return _supervise(uml_xstate.adapt(argv), on_output or _print_line, timeout, run_dir)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

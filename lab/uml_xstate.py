@@ -1,4 +1,4 @@
-"""Run linux.uml on hosts whose CPU state is too big for it (AMX): ``python -m lab.uml_xstate
+"""Run linux.uml on hosts whose CPU state is too big for it (AMX): ``python lab/uml_xstate.py
 /usr/bin/linux.uml ARGS...``.
 
 Debian bookworm's UML (6.1) saves and restores its processes' FPU state with
@@ -92,13 +92,29 @@ def install() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
+# LAB_UML_FPREGS=1 forces the wrapper on any host (how the fallback is tested on hosts without
+# AMX), =0 forbids it; unset or empty: decided by the CPU.
+OVERRIDE = "LAB_UML_FPREGS"
+
+
+def cpu_has_amx(cpuinfo: str) -> bool:
+    """AMX tile state in the CPU flags: its XSAVE area (11008 bytes) outgrows UML 6.1's buffer."""
+    return any(
+        line.startswith("flags") and "amx_tile" in line.split() for line in cpuinfo.splitlines()
+    )
+
+
 def host_needs_it() -> bool:
-    """The host CPU has AMX (its XSAVE area outgrows UML 6.1's buffer)."""
+    """UML must fall back to the i387/SSE registers on this host (or the override says so)."""
+    forced = os.environ.get(OVERRIDE, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    if forced:
+        raise ValueError(f"{OVERRIDE} must be 0, 1 or unset, not {forced!r}")
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        return cpu_has_amx(Path("/proc/cpuinfo").read_text())
     except OSError:
         return False
-    return " amx_tile" in flags
 
 
 def guest_env() -> dict[str, str]:
@@ -121,13 +137,15 @@ def adapt(argv: Sequence[str]) -> list[str]:
     env = guest_env()
     if not env:
         return list(argv)
-    return [sys.executable, "-m", "lab.uml_xstate", *argv, *(f"{k}={v}" for k, v in env.items())]
+    # By path, isolated: the supervisor starts linux.uml with a bare environment and any cwd.
+    wrapper = [sys.executable, "-I", str(Path(__file__).resolve())]
+    return [*wrapper, *argv, *(f"{k}={v}" for k, v in env.items())]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
-        print("usage: python -m lab.uml_xstate /usr/bin/linux.uml ARGS...", file=sys.stderr)
+        print("usage: python lab/uml_xstate.py /usr/bin/linux.uml ARGS...", file=sys.stderr)
         return 2
     install()
     os.execv(args[0], args)

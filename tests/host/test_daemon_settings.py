@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
+from typing import Any, cast
 
-from ipvsproxy import logs
+import pytest
+
+from ipvsproxy import daemon, logs
 from ipvsproxy.config import build
 from ipvsproxy.daemon import conntrack_sysctls, rules_config
+from ipvsproxy.dataplane import SyncResult
+from ipvsproxy.metrics import Metrics
 
 
 def test_conntrack_settings_follow_upstream() -> None:
@@ -51,3 +58,28 @@ def test_programming_latency_starts_at_the_trigger_annotation() -> None:
     assert _trigger_time(sl) == 1796223845.0
     assert _trigger_time({"metadata": {}}) is None
     assert _trigger_time({"metadata": {"annotations": {TRIGGER_ANNOTATION: "garbage"}}}) is None
+
+
+def test_the_first_full_sync_runs_at_once_on_a_freshly_booted_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The monotonic clock starts near 0 at boot: a long sync period must not delay the first
+    sync of a node that booted a moment ago (it did, by up to one sync period)."""
+    real = time.monotonic
+    start = real()
+    monkeypatch.setattr(time, "monotonic", lambda: real() - start + 5.0)  # 5 s uptime
+    cfg = build(None, ["--ipvs-sync-period", "1h"])
+    proxy = daemon.Proxy(cfg, cast(Any, None), Metrics())
+    calls: list[str] = []
+
+    def reconcile() -> SyncResult:
+        calls.append("reconcile")
+        proxy.stop.set()
+        return SyncResult(full=True)
+
+    monkeypatch.setattr(proxy, "reconcile", reconcile)
+    runner = threading.Thread(target=proxy.run, daemon=True)
+    runner.start()
+    runner.join(timeout=10)
+    proxy.stop.set()
+    assert calls == ["reconcile"]

@@ -1,0 +1,339 @@
+"""``ipvsproxy status`` against ``ipvsadm`` on the same node, with the daemon running, stopped
+(state file) and with nothing but the kernel.
+
+Every virtual and real server ``ipvsadm -Ln`` lists must be in ``status --output json`` with the
+same scheduler, persistence, forwarding, weight, connection counts and ``--stats --exact``
+counters; the human table must carry the Kubernetes names in its columns.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab import netns
+from lab.kube import LabKube, wait_for
+from lab.topology import Cluster, Node
+
+pytestmark = pytest.mark.kernel
+
+WEB_BACKENDS = ("pod-1-1", "pod-2-1", "pod-3-1")
+STICKY_BACKEND = "pod-1-2"
+
+
+@pytest.fixture
+def kube(lab_cluster: Cluster, tmp_path: Path) -> Iterator[LabKube]:
+    # No periodic reconcile during the test: drift made by hand stays until status sees it.
+    lab = LabKube(lab_cluster, tmp_path, daemon_flags=("--ipvs-sync-period", "1h"))
+    try:
+        yield lab.start()
+    finally:
+        print(lab.logs())
+        lab.stop(cleanup=True)
+
+
+# -- ipvsadm's view ---------------------------------------------------------------------------
+
+Table = dict[tuple[str, str], dict[str, Any]]
+
+
+def parse_ipvsadm(listing: str, stats: str) -> Table:
+    """``ipvsadm -Ln`` and ``ipvsadm -Ln --stats --exact`` as one table:
+    (protocol, address:port) -> settings, counters and real servers."""
+    table: Table = {}
+    vs: dict[str, Any] | None = None
+    for line in listing.splitlines()[3:]:
+        f = line.split()
+        if f[0] == "->":
+            assert vs is not None
+            vs["dests"][f[1]] = {"forward": f[2], "weight": int(f[3]), "conns": (f[4], f[5])}
+        else:
+            persistent = int(f[f.index("persistent") + 1]) if "persistent" in f else 0
+            vs = {"scheduler": f[2], "persistent": persistent, "dests": {}, "stats": None}
+            table[(f[0], f[1])] = vs
+    key: tuple[str, str] | None = None
+    for line in stats.splitlines()[3:]:
+        f = line.split()
+        counters = tuple(int(x) for x in f[2:7])
+        if f[0] == "->":
+            assert key is not None
+            table[key]["dests"][f[1]]["stats"] = counters
+        else:
+            key = (f[0], f[1])
+            table[key]["stats"] = counters
+    return table
+
+
+def ipvsadm(cluster: Cluster, node: Node) -> Table:
+    listing = cluster.exec(node.netns, "ipvsadm", "-Ln").stdout
+    stats = cluster.exec(node.netns, "ipvsadm", "-Ln", "--stats", "--exact").stdout
+    return parse_ipvsadm(listing, stats)
+
+
+def from_status(report: dict[str, Any]) -> Table:
+    """The same table from ``status --output json``."""
+
+    def counters(doc: dict[str, Any]) -> tuple[int, ...]:
+        s = doc["stats"]
+        return (s["connections"], s["inPackets"], s["outPackets"], s["inBytes"], s["outBytes"])
+
+    table: Table = {}
+    for vs in report["virtualServers"]:
+        table[(vs["protocol"], f"{vs['address']}:{vs['port']}")] = {
+            "scheduler": vs["scheduler"],
+            "persistent": vs["persistenceTimeout"] if vs["persistent"] else 0,
+            "stats": counters(vs),
+            "dests": {
+                f"{rs['address']}:{rs['port']}": {
+                    "forward": rs["forward"],
+                    "weight": rs["weight"],
+                    "conns": (str(rs["activeConnections"]), str(rs["inactiveConnections"])),
+                    "stats": counters(rs),
+                }
+                for rs in vs["realServers"]
+            },
+        }
+    return table
+
+
+def status(cluster: Cluster, node: Node, state: Path, *args: str) -> str:
+    proc = cluster.exec(
+        node.netns,
+        sys.executable,
+        "-m",
+        "ipvsproxy",
+        "status",
+        "--state-file",
+        str(state),
+        *args,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def status_matching_ipvsadm(cluster: Cluster, node: Node, state: Path) -> dict[str, Any]:
+    """``status --output json`` read between two identical ``ipvsadm`` readings (a connection
+    may leave the inactive count meanwhile), checked against them."""
+    for _attempt in range(5):
+        before = ipvsadm(cluster, node)
+        report: dict[str, Any] = json.loads(status(cluster, node, state, "--output", "json"))
+        if ipvsadm(cluster, node) == before:
+            assert before, "ipvsadm lists no virtual server"
+            assert from_status(report) == before
+            return report
+    raise AssertionError("the kernel's IPVS counters never held still for a reading")
+
+
+# -- the test -----------------------------------------------------------------------------------
+
+
+def create_services(kube: LabKube) -> tuple[str, str]:
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(kube.api)
+    kube.controller.update_labels(
+        {("default", p): {"app": "web"} for p in WEB_BACKENDS}
+        | {("default", STICKY_BACKEND): {"app": "sticky"}}
+    )
+    web = {
+        "metadata": {"name": "web"},
+        "spec": {
+            "type": "NodePort",
+            "selector": {"app": "web"},
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30600},
+                {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 8080},
+            ],
+        },
+    }
+    sticky = {
+        "metadata": {"name": "sticky"},
+        "spec": {
+            "selector": {"app": "sticky"},
+            "sessionAffinity": "ClientIP",
+            "ports": [{"port": 81, "targetPort": 8080}],
+        },
+    }
+    core.create_namespaced_service("default", web)
+    core.create_namespaced_service("default", sticky)
+    read = core.read_namespaced_service
+    return read("web", "default").spec.cluster_ip, read("sticky", "default").spec.cluster_ip
+
+
+def test_status_matches_ipvsadm_and_names_every_server(lab_cluster: Cluster, kube: LabKube) -> None:
+    assert kube.daemons is not None
+    n1 = lab_cluster.nodes[0]
+    state = kube.daemons.state_file(n1)
+    web_ip, sticky_ip = create_services(kube)
+    client_ns = n1.pods[-1].netns
+
+    def web_answers() -> set[str]:
+        return {netns.tcp_request(client_ns, web_ip, 80, timeout=2)["pod"] for _ in range(9)}
+
+    wait_for(lambda: web_answers() == set(WEB_BACKENDS), 30, "web answered by its 3 pods")
+    wait_for(lambda: netns.tcp_request(client_ns, sticky_ip, 81)["pod"] == STICKY_BACKEND, 30)
+    for _ in range(3):
+        netns.udp_request(client_ns, web_ip, 53)
+    # A connection that stays open to one web pod; that pod then leaves the Service, so its
+    # real server drains at weight 0 (graceful termination) while the connection lives.
+    session = netns.TCPSession(client_ns, web_ip, 80)
+    try:
+        held = session.ask()["pod"]
+        held_ip = pod_ip(lab_cluster, held)
+        kube.controller.update_labels({("default", held): {"app": None}})
+
+        def draining() -> bool:
+            dests = ipvsadm(lab_cluster, n1)[("TCP", f"{web_ip}:80")]["dests"]
+            return bool(dests.get(f"{held_ip}:8080", {}).get("weight", 1) == 0)
+
+        wait_for(draining, 30, "held pod draining at weight 0")
+
+        # Daemon running: its view, every server named, no drift.
+        report = status_matching_ipvsadm(lab_cluster, n1, state)
+        assert report["schemaVersion"] == 1 and report["view"] == "daemon"
+        assert report["node"] == "node-1" and report["daemon"]["running"] is True
+        assert report["daemon"]["pendingChanges"] == 0
+        assert report["drift"] == {"count": 0, "operations": []}
+        by_key = {(v["protocol"], v["address"], v["port"]): v for v in report["virtualServers"]}
+        web = by_key[("TCP", web_ip, 80)]
+        assert (web["service"], web["portName"], web["type"]) == ("default/web", "http", "NodePort")
+        names = {
+            rs["pod"]: (rs["node"], rs["weight"], rs["terminating"]) for rs in web["realServers"]
+        }
+        for pod in WEB_BACKENDS:
+            want = (f"node-{pod[4]}", 0, True) if pod == held else (f"node-{pod[4]}", 1, False)
+            assert names[pod] == want, names
+        assert web["stats"]["connections"] >= 10
+        node_port = by_key[("TCP", n1.ip, 30600)]
+        assert (node_port["service"], node_port["role"]) == ("default/web", "NodePort")
+        dns = by_key[("UDP", web_ip, 53)]
+        assert dns["portName"] == "dns" and dns["stats"]["inPackets"] >= 3
+        sticky = by_key[("TCP", sticky_ip, 81)]
+        assert (sticky["persistent"], sticky["persistenceTimeout"]) == (True, 10800)
+        assert [rs["pod"] for rs in sticky["realServers"]] == [STICKY_BACKEND]
+
+        table = status(lab_cluster, n1, state)
+        check_table(table, web_ip, sticky_ip, held)
+        check_counter_tables(lab_cluster, n1, state, web_ip)
+    finally:
+        session.close()
+
+    # A real server deleted behind the daemon's back is drift (no reconcile runs in this test).
+    lab_cluster.exec(
+        n1.netns,
+        "ipvsadm",
+        "-d",
+        "-t",
+        f"{sticky_ip}:81",
+        "-r",
+        f"{pod_ip(lab_cluster, STICKY_BACKEND)}:8080",
+    )
+    drifted = json.loads(status(lab_cluster, n1, state, "--output", "json"))
+    assert drifted["drift"]["count"] == 1, drifted["drift"]
+    assert sticky_ip in drifted["drift"]["operations"][0]
+    assert re.search(
+        r"kernel differs from the desired state \(drift 1\)", status(lab_cluster, n1, state)
+    )
+
+    # Daemon stopped: the kernel and the names the state file kept.
+    kube.daemons.stop()
+    report = status_matching_ipvsadm(lab_cluster, n1, state)
+    assert report["view"] == "state-file" and report["daemon"]["running"] is False
+    assert report["drift"]["count"] is None
+    named = {v["service"] for v in report["virtualServers"]}
+    assert {"default/web", "default/sticky"} <= named
+    table = status(lab_cluster, n1, state)
+    assert "daemon not running" in table and "view: kernel + state file" in table
+    assert re.search(
+        rf"^TCP\s+{re.escape(web_ip)}:80\s+rr\s+default/web:http\s+NodePort$", table, re.M
+    )
+
+    # Nothing but the kernel: every server still listed, names unknown, and said so.
+    report = status_matching_ipvsadm(lab_cluster, n1, Path("/nonexistent/state.json"))
+    assert report["view"] == "kernel"
+    assert {v["service"] for v in report["virtualServers"]} == {None}
+    # Addresses bound on kube-ipvs0 are ipvsproxy's; a node port's address alone does not say.
+    ours = {v["address"] for v in report["virtualServers"] if v["ours"]}
+    assert {web_ip, sticky_ip} <= ours and n1.ip not in ours
+    table = status(lab_cluster, n1, Path("/nonexistent/state.json"))
+    assert "view: kernel only (no state file at /nonexistent/state.json; names unknown)" in table
+
+
+def pod_ip(cluster: Cluster, name: str) -> str:
+    return next(p.ip for p in cluster.pods if p.name == name)
+
+
+def check_table(table: str, web_ip: str, sticky_ip: str, held: str) -> None:
+    lines = table.splitlines()
+    assert re.match(
+        r"ipvsproxy on node-1: daemon running, last sync \d+\.\d s ago, 0 changes pending; "
+        r"kernel matches the desired state \(drift 0\)$",
+        lines[0],
+    ), lines[0]
+    assert lines[1].startswith("view: daemon")
+    assert lines[2].split() == [
+        "Prot",
+        "LocalAddress:Port",
+        "Scheduler",
+        "Flags",
+        "Service",
+        "Type",
+    ]
+    assert lines[3].split() == [
+        "->",
+        "RemoteAddress:Port",
+        "Forward",
+        "Weight",
+        "ActiveConn",
+        "InActConn",
+        "Pod",
+        "Node",
+    ]
+    assert re.search(
+        rf"^TCP\s+{re.escape(web_ip)}:80\s+rr\s+default/web:http\s+NodePort$", table, re.M
+    )
+    assert re.search(
+        rf"^TCP\s+{re.escape(sticky_ip)}:81\s+rr\s+persistent 10800\s+"
+        r"default/sticky:81\s+ClusterIP$",
+        table,
+        re.M,
+    )
+    assert re.search(
+        rf"^  ->\s+\S+:8080\s+Masq\s+0 \(terminating\)\s+1\s+\d+\s+{held}\s+node-\d$", table, re.M
+    )
+    for pod in WEB_BACKENDS:
+        if pod != held:
+            assert re.search(
+                rf"^  ->\s+\S+:8080\s+Masq\s+1\s+\d+\s+\d+\s+{pod}\s+node-{pod[4]}$", table, re.M
+            )
+
+
+def check_counter_tables(cluster: Cluster, node: Node, state: Path, web_ip: str) -> None:
+    stats = status(cluster, node, state, "--stats", "--service", "default/web")
+    heads = [ln.split() for ln in stats.splitlines()[2:4]]
+    assert heads[0] == [
+        "Prot",
+        "LocalAddress:Port",
+        "Conns",
+        "InPkts",
+        "OutPkts",
+        "InBytes",
+        "OutBytes",
+        "Service",
+        "Type",
+    ]
+    assert heads[1][:2] == ["->", "RemoteAddress:Port"] and heads[1][-2:] == ["Pod", "Node"]
+    assert "default/sticky" not in stats and "default/web:http" in stats
+    assert re.search(rf"^TCP\s+{re.escape(web_ip)}:80\s+[1-9]\d*\s+[1-9]\d*\s", stats, re.M)
+    rate = status(cluster, node, state, "--rate")
+    assert rate.splitlines()[2].split()[2:7] == ["CPS", "InPPS", "OutPPS", "InBPS", "OutBPS"]
+    wide = status(cluster, node, state, "-o", "wide")
+    assert wide.splitlines()[2].split()[-2:] == ["Role", "RawFlags"]
+    assert wide.splitlines()[3].split()[-1] == "PersistConn"
