@@ -24,7 +24,8 @@ from lab.topology import Cluster, Node
 pytestmark = pytest.mark.kernel
 
 WEB_BACKENDS = ("pod-1-1", "pod-2-1", "pod-3-1")
-STICKY_BACKEND = "pod-1-2"
+# on another node than the client (pod-1-2): hairpin has its own tests
+STICKY_BACKEND = "pod-2-2"
 
 
 @pytest.fixture
@@ -178,7 +179,11 @@ def test_status_matches_ipvsadm_and_names_every_server(lab_cluster: Cluster, kub
         return {netns.tcp_request(client_ns, web_ip, 80, timeout=2)["pod"] for _ in range(9)}
 
     wait_for(lambda: web_answers() == set(WEB_BACKENDS), 30, "web answered by its 3 pods")
-    wait_for(lambda: netns.tcp_request(client_ns, sticky_ip, 81)["pod"] == STICKY_BACKEND, 30)
+    wait_for(
+        lambda: netns.tcp_request(client_ns, sticky_ip, 81)["pod"] == STICKY_BACKEND,
+        30,
+        "sticky answered",
+    )
     for _ in range(3):
         netns.udp_request(client_ns, web_ip, 53)
     # A connection that stays open to one web pod; that pod then leaves the Service, so its
@@ -204,12 +209,15 @@ def test_status_matches_ipvsadm_and_names_every_server(lab_cluster: Cluster, kub
         by_key = {(v["protocol"], v["address"], v["port"]): v for v in report["virtualServers"]}
         web = by_key[("TCP", web_ip, 80)]
         assert (web["service"], web["portName"], web["type"]) == ("default/web", "http", "NodePort")
-        names = {
-            rs["pod"]: (rs["node"], rs["weight"], rs["terminating"]) for rs in web["realServers"]
+        by_ip = {
+            rs["address"]: (rs["pod"], rs["node"], rs["weight"], rs["terminating"])
+            for rs in web["realServers"]
         }
         for pod in WEB_BACKENDS:
-            want = (f"node-{pod[4]}", 0, True) if pod == held else (f"node-{pod[4]}", 1, False)
-            assert names[pod] == want, names
+            node = f"node-{pod[4]}"
+            # The held pod left the Service's slices: the kernel still drains it, nameless.
+            want = (None, None, 0, True) if pod == held else (f"default/{pod}", node, 1, False)
+            assert by_ip[pod_ip(lab_cluster, pod)] == want, by_ip
         assert web["stats"]["connections"] >= 10
         node_port = by_key[("TCP", n1.ip, 30600)]
         assert (node_port["service"], node_port["role"]) == ("default/web", "NodePort")
@@ -217,10 +225,14 @@ def test_status_matches_ipvsadm_and_names_every_server(lab_cluster: Cluster, kub
         assert dns["portName"] == "dns" and dns["stats"]["inPackets"] >= 3
         sticky = by_key[("TCP", sticky_ip, 81)]
         assert (sticky["persistent"], sticky["persistenceTimeout"]) == (True, 10800)
-        assert [rs["pod"] for rs in sticky["realServers"]] == [STICKY_BACKEND]
+        assert [rs["pod"] for rs in sticky["realServers"]] == [f"default/{STICKY_BACKEND}"]
 
-        table = status(lab_cluster, n1, state)
-        check_table(table, web_ip, sticky_ip, held)
+        table = status(lab_cluster, n1, state, "-n")
+        # Without -n, ports are named from /etc/services, as ipvsadm does.
+        named = status(lab_cluster, n1, state)
+        assert re.search(rf"^TCP\s+{re.escape(web_ip)}:http\s", named, re.M)
+        assert re.search(rf"^UDP\s+{re.escape(web_ip)}:domain\s", named, re.M)
+        check_table(table, web_ip, sticky_ip, held, held_ip)
         check_counter_tables(lab_cluster, n1, state, web_ip)
     finally:
         session.close()
@@ -249,7 +261,7 @@ def test_status_matches_ipvsadm_and_names_every_server(lab_cluster: Cluster, kub
     assert report["drift"]["count"] is None
     named = {v["service"] for v in report["virtualServers"]}
     assert {"default/web", "default/sticky"} <= named
-    table = status(lab_cluster, n1, state)
+    table = status(lab_cluster, n1, state, "-n")
     assert "daemon not running" in table and "view: kernel + state file" in table
     assert re.search(
         rf"^TCP\s+{re.escape(web_ip)}:80\s+rr\s+default/web:http\s+NodePort$", table, re.M
@@ -270,7 +282,7 @@ def pod_ip(cluster: Cluster, name: str) -> str:
     return next(p.ip for p in cluster.pods if p.name == name)
 
 
-def check_table(table: str, web_ip: str, sticky_ip: str, held: str) -> None:
+def check_table(table: str, web_ip: str, sticky_ip: str, held: str, held_ip: str) -> None:
     lines = table.splitlines()
     assert re.match(
         r"ipvsproxy on node-1: daemon running, last sync \d+\.\d s ago, 0 changes pending; "
@@ -306,17 +318,21 @@ def check_table(table: str, web_ip: str, sticky_ip: str, held: str) -> None:
         re.M,
     )
     assert re.search(
-        rf"^  ->\s+\S+:8080\s+Masq\s+0 \(terminating\)\s+1\s+\d+\s+{held}\s+node-\d$", table, re.M
+        rf"^  ->\s+{re.escape(held_ip)}:8080\s+Masq\s+0 \(terminating\)\s+1\s+\d+\s+\?\s+\?$",
+        table,
+        re.M,
     )
     for pod in WEB_BACKENDS:
         if pod != held:
             assert re.search(
-                rf"^  ->\s+\S+:8080\s+Masq\s+1\s+\d+\s+\d+\s+{pod}\s+node-{pod[4]}$", table, re.M
+                rf"^  ->\s+\S+:8080\s+Masq\s+1\s+\d+\s+\d+\s+default/{pod}\s+node-{pod[4]}$",
+                table,
+                re.M,
             )
 
 
 def check_counter_tables(cluster: Cluster, node: Node, state: Path, web_ip: str) -> None:
-    stats = status(cluster, node, state, "--stats", "--service", "default/web")
+    stats = status(cluster, node, state, "-n", "--stats", "--service", "default/web")
     heads = [ln.split() for ln in stats.splitlines()[2:4]]
     assert heads[0] == [
         "Prot",
