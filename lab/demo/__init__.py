@@ -508,12 +508,12 @@ def run_in_guest(fault: str | None) -> int:
             if not r.ok
         ]
         state = lab.daemons.state_file(topo.node(STATUS_NODE)) if lab.daemons else Path()
-        cmd = [sys.executable, "-m", "ipvsproxy", "status", "--state-file", str(state)]
+        cmd = [sys.executable, "-m", "ipvsproxy", "status", "--state-file", str(state), "-n"]
         proc = None
         with (
             contextlib.suppress(StepFailed),
             progress.step(
-                f"ip netns exec {STATUS_NODE} python -m ipvsproxy status --state-file {state}"
+                f"ip netns exec {STATUS_NODE} python -m ipvsproxy status --state-file {state} -n"
             ),
         ):
             proc = topo.exec(STATUS_NODE, *cmd, check=False)
