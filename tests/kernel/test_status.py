@@ -259,8 +259,8 @@ def test_status_matches_ipvsadm_and_names_every_server(lab_cluster: Cluster, kub
     report = status_matching_ipvsadm(lab_cluster, n1, state)
     assert report["view"] == "state-file" and report["daemon"]["running"] is False
     assert report["drift"]["count"] is None
-    named = {v["service"] for v in report["virtualServers"]}
-    assert {"default/web", "default/sticky"} <= named
+    services = {v["service"] for v in report["virtualServers"]}
+    assert {"default/web", "default/sticky"} <= services
     table = status(lab_cluster, n1, state, "-n")
     assert "daemon not running" in table and "view: kernel + state file" in table
     assert re.search(
