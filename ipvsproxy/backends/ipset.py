@@ -27,6 +27,12 @@ def _creator(spec: S.IPSetSpec) -> Callable[[Any], object]:
     return lambda ips: ips.create(spec.name, stype=spec.type, hashsize=1024, maxelem=65536)
 
 
+def encode(seq: int, op: MemberOp) -> bytes:
+    """The request for one operation (pure: also what the host benchmark encodes)."""
+    set_type = S.BY_NAME[op.set_name].type
+    return msgs.member_message(seq, op.kind is OpKind.ADD, op.set_name, set_type, op.entry)
+
+
 class IPSets:
     def __init__(self) -> None:
         self.counters = Counters()
@@ -39,11 +45,13 @@ class IPSets:
         """Members of every ipvsproxy-named set that exists (others are not ours to read)."""
         seq = self.sock.next_seq()
         sets: dict[str, set[str]] = {}
+        types = {name: spec.type for name, spec in S.BY_NAME.items()}
         for msg in self.sock.dump(msgs.list_request(seq), seq):
-            parsed = msgs.parse_list(msg)
+            parsed = msgs.parse_list(msg, types)
             if parsed is None or parsed[0] not in S.NAMES:
                 continue
-            name, _type, members = parsed
+            name, set_type, members = parsed
+            types[name] = set_type
             sets.setdefault(name, set()).update(members)
         return sets
 
@@ -59,9 +67,7 @@ class IPSets:
         requests = []
         for op in ops:
             seq = self.sock.next_seq()
-            set_type = S.BY_NAME[op.set_name].type
-            add = op.kind is OpKind.ADD
-            requests.append((seq, msgs.member_message(seq, add, op.set_name, set_type, op.entry)))
+            requests.append((seq, encode(seq, op)))
         results = [
             Result(f"{op.kind}_member", f"{op}: {msgs.ERRORS.get(o.errno, o.message)}", o.errno)
             for op, o in zip(ops, self.sock.execute(requests), strict=True)

@@ -6,8 +6,10 @@ are created, listed and destroyed with the ipset tool, which knows each type's r
 
 from __future__ import annotations
 
+import functools
 import socket
 import struct
+from collections.abc import Mapping
 
 from ipvsproxy.netlink import codec
 
@@ -55,17 +57,28 @@ ERRORS = {
 }
 
 
+# Attributes with their headers and padding, each in one call (the bytes codec.attr() and
+# codec.nested() would build): an IPv4 address nested in its own attribute, a big-endian port,
+# a u8.
+_IP_ATTR = struct.Struct("=HHHH4s")
+_PORT_ATTR = struct.Struct("=HH2s2x")
+_U8_ATTR = struct.Struct("=HH1s3x")
+_BE16 = struct.Struct("!H")
+
+
 def _ip(kind: int, address: str) -> bytes:
     raw = socket.inet_pton(socket.AF_INET, address)
-    return codec.nested(kind, codec.attr(IPADDR_IPV4 | NLA_F_NET_BYTEORDER, raw))
+    return _IP_ATTR.pack(
+        _IP_ATTR.size, kind | codec.NLA_F_NESTED, 8, IPADDR_IPV4 | NLA_F_NET_BYTEORDER, raw
+    )
 
 
 def _port(port: int) -> bytes:
-    return codec.attr(DATA_PORT | NLA_F_NET_BYTEORDER, struct.pack("!H", port))
+    return _PORT_ATTR.pack(6, DATA_PORT | NLA_F_NET_BYTEORDER, _BE16.pack(port))
 
 
 def _u8(kind: int, value: int) -> bytes:
-    return codec.attr(kind, bytes([value]))
+    return _U8_ATTR.pack(5, kind, bytes([value]))
 
 
 def entry_data(set_type: str, entry: str) -> bytes:
@@ -87,16 +100,23 @@ def entry_data(set_type: str, entry: str) -> bytes:
     raise ValueError(f"unsupported ipset type {set_type}")
 
 
-def member_message(seq: int, add: bool, set_name: str, set_type: str, entry: str) -> bytes:
-    body = (
+@functools.lru_cache(maxsize=64)
+def _head(set_name: str) -> bytes:
+    """The part of a member request before its data, the same for every member of a set."""
+    return (
         _NFGENMSG.pack(socket.AF_INET, 0, 0)
         + _u8(ATTR_PROTOCOL, IPSET_PROTOCOL)
         + codec.attr_str(ATTR_SETNAME, set_name)
-        + codec.nested(ATTR_DATA, entry_data(set_type, entry))
     )
+
+
+_MEMBER_FLAGS = codec.NLM_F_REQUEST | codec.NLM_F_ACK | NLM_F_EXCL
+
+
+def member_message(seq: int, add: bool, set_name: str, set_type: str, entry: str) -> bytes:
+    body = _head(set_name) + codec.nested(ATTR_DATA, entry_data(set_type, entry))
     kind = (NFNL_SUBSYS_IPSET << 8) | (CMD_ADD if add else CMD_DEL)
-    flags = codec.NLM_F_REQUEST | codec.NLM_F_ACK | NLM_F_EXCL
-    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags, seq, 0) + body
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, _MEMBER_FLAGS, seq, 0) + body
 
 
 def list_request(seq: int) -> bytes:
@@ -132,14 +152,26 @@ def entry_text(set_type: str, data: bytes, span: tuple[int, int]) -> str:
     return f"{text},{ip2}/{cidr}"
 
 
-def parse_list(msg: codec.Message) -> tuple[str, str, list[str]] | None:
-    """(set name, type, members) from one list reply; a large set spans several replies."""
+def parse_list(
+    msg: codec.Message, known_types: Mapping[str, str]
+) -> tuple[str, str, list[str]] | None:
+    """(set name, type, members) from one list reply.
+
+    A large set spans several replies and only the first carries the type (the kernel's
+    ip_set_dump_do puts the header in the first message of a set only): the type of a set
+    seen before, or known by its name, comes from ``known_types``.
+    """
     start = msg.start + _NFGENMSG.size
     top = codec.attrs_of(msg.data, start, msg.end)
-    if ATTR_SETNAME not in top or ATTR_TYPENAME not in top:
+    if ATTR_SETNAME not in top:
         return None
     name = codec.get_str(msg.data, top[ATTR_SETNAME])
-    set_type = codec.get_str(msg.data, top[ATTR_TYPENAME])
+    if ATTR_TYPENAME in top:
+        set_type = codec.get_str(msg.data, top[ATTR_TYPENAME])
+    elif name in known_types:
+        set_type = known_types[name]
+    else:
+        return None
     members = []
     if ATTR_ADT in top:
         adt = top[ATTR_ADT]
