@@ -38,7 +38,15 @@ from ipvsproxy.diff import (
     diff_members,
     diff_services,
 )
-from ipvsproxy.model import DestKey, ObservedDest, Protocol, ServiceKey, VirtualServer
+from ipvsproxy.model import (
+    SERVICE_ORDER,
+    DestKey,
+    ObservedDest,
+    Protocol,
+    RealServer,
+    ServiceKey,
+    VirtualServer,
+)
 from ipvsproxy.plan import NodeFacts, PlanConfig, plan_service
 from ipvsproxy.statefile import State, StateFile
 
@@ -193,13 +201,8 @@ class Dataplane:
         except (ApplyError, OSError) as exc:
             result.errors.append(f"reading the kernel: {exc}")
             return result
-        everything = Changes(
-            services=set(self.desired.virtual_servers) | set(self.observed.services),
-            addresses=set(self.desired.bind_refs) | self.observed.bound,
-            members={(n, e) for n in S.NAMES for e in self.desired.members(n)}
-            | {(n, e) for n, es in self.observed.members.items() for e in es},
-            rules=True,
-        )
+        obs = self.observed
+        everything = all_keys(self.desired, obs.services, obs.bound, obs.members)
         self._converge(everything, result)
         result.writes = self.b.writes() - writes
         result.seconds = time.monotonic() - start
@@ -259,16 +262,14 @@ class Dataplane:
 
     def _bind(self, addresses: set[str]) -> None:
         assert self.observed is not None
-        want = {a for a in addresses if a in self.desired.bind_refs}
-        ops = diff_addresses(want, self.observed.bound & addresses, self.owns_address)
+        ops = address_ops(self.desired, addresses, self.observed.bound, self.owns_address)
         ops = [op for op in ops if op.kind is OpKind.ADD]
         bound = self.observed.bound
         _apply(self.b.addresses.apply, ops, lambda done: bound.update(op.address for op in done))
 
     def _unbind(self, addresses: set[str]) -> None:
         assert self.observed is not None
-        want = {a for a in addresses if a in self.desired.bind_refs}
-        ops = diff_addresses(want, self.observed.bound & addresses, self.owns_address)
+        ops = address_ops(self.desired, addresses, self.observed.bound, self.owns_address)
         ops = [op for op in ops if op.kind is OpKind.DELETE]
         bound = self.observed.bound
         _apply(
@@ -280,19 +281,17 @@ class Dataplane:
     def _services(self, keys: set[ServiceKey]) -> None:
         obs = self.observed
         assert obs is not None
-        svc_ops = diff_services(
-            self.desired.virtual_servers, obs.services, self.owns_service, sorted(keys)
-        )
-        ops: list[ServiceOp | DestOp] = list(svc_ops)
-        for key in sorted(keys):
+        for key in sorted(keys, key=SERVICE_ORDER):
             if key not in self.desired.virtual_servers:
                 continue
             want = self.desired.real_servers[key]
             have = obs.dests.get(key, {})
             if any(d not in want for d in have):
                 # Draining decisions need the kernel's current connection counts.
-                obs.dests[key] = have = self.b.ipvs.dests(key)
-            ops += diff_dests(key, want, have, self._expired(key, have))
+                obs.dests[key] = self.b.ipvs.dests(key)
+        ops = service_ops(
+            self.desired, keys, obs.services, obs.dests, self.owns_service, self._expired
+        )
         try:
             _apply(self.b.ipvs.apply, ops, self._record)
         except ApplyError as exc:
@@ -314,6 +313,11 @@ class Dataplane:
         obs = self.observed
         assert obs is not None
         now = self.clock()
+        draining = self.state.draining_since
+        # Real server operations come grouped by virtual server: look its maps up once a group.
+        service: ServiceKey | None = None
+        dests: dict[DestKey, ObservedDest] = {}
+        want: Mapping[DestKey, RealServer] = {}
         for op in ops:
             if isinstance(op, ServiceOp):
                 key = op.server.key
@@ -325,27 +329,31 @@ class Dataplane:
                     obs.services[key] = op.server
                     obs.dests.setdefault(key, {})
                     self.state.virtual_servers.add(key)
+                service = None  # its real servers' map may have gone
                 continue
-            dests = obs.dests.setdefault(op.service, {})
-            dkey = (op.service, op.server.key)
+            if op.service is not service:
+                service = op.service
+                dests = obs.dests.setdefault(service, {})
+                want = self.desired.real_servers.get(service, {})
+            dest = op.server.key
             if op.kind is OpKind.DELETE:
-                dests.pop(op.server.key, None)
-                self.state.draining_since.pop(dkey, None)
-                if op.service.protocol is Protocol.UDP:
-                    self.b.conntrack.forget(op.service, op.server.key)
+                dests.pop(dest, None)
+                draining.pop((service, dest), None)
+                if service.protocol is Protocol.UDP:
+                    self.b.conntrack.forget(service, dest)
                 continue
-            old = dests.get(op.server.key)
-            dests[op.server.key] = (
-                ObservedDest(op.server, old.stats) if old else ObservedDest(op.server)
-            )
-            wanted = op.server.key in self.desired.real_servers.get(op.service, {})
-            if wanted:
-                self.state.draining_since.pop(dkey, None)
+            old = dests.get(dest) if dests else None
+            dests[dest] = ObservedDest(op.server, old.stats) if old else ObservedDest(op.server)
+            if dest in want:
+                if draining:
+                    draining.pop((service, dest), None)
             else:
-                self.state.draining_since.setdefault(dkey, now)
+                draining.setdefault((service, dest), now)
 
     def _expired(self, key: ServiceKey, have: Mapping[DestKey, ObservedDest]) -> set[DestKey]:
         now = self.clock()
+        if not self.state.draining_since:  # nothing drains: each one's grace starts now
+            return set(have) if now - now >= self.grace_seconds else set()
         return {
             d
             for d in have
@@ -372,14 +380,7 @@ class Dataplane:
     def _members(self, members: set[tuple[str, str]]) -> None:
         obs = self.observed
         assert obs is not None
-        by_set: dict[str, set[str]] = {}
-        for name, entry in members:
-            by_set.setdefault(name, set()).add(entry)
-        ops = []
-        for name in sorted(by_set):
-            entries = by_set[name]
-            want = {e for e in entries if self.desired.has_member(name, e)}
-            ops += diff_members(name, want, obs.members.get(name, set()) & entries)
+        ops = member_ops(self.desired, members, obs.members)
 
         def record(done: list[MemberOp]) -> None:
             for op in done:
@@ -443,6 +444,73 @@ class Dataplane:
 
     def _save_state(self) -> None:
         self.statefile.save(self.state)
+
+
+# -- the diff step, pure: what a sync compares once the kernel's state is known ------------------
+
+
+def all_keys(
+    desired: DesiredState,
+    services: Iterable[ServiceKey],
+    bound: set[str],
+    members: Mapping[str, set[str]],
+) -> Changes:
+    """Every key that is desired or that the kernel holds: what a full reconcile compares."""
+    return Changes(
+        services=set(desired.virtual_servers) | set(services),
+        addresses=set(desired.bind_refs) | bound,
+        members={(n, e) for n in S.NAMES for e in desired.members(n)}
+        | {(n, e) for n, es in members.items() for e in es},
+        rules=True,
+    )
+
+
+def address_ops(
+    desired: DesiredState,
+    addresses: set[str],
+    bound: set[str],
+    owned: Callable[[str], bool],
+) -> list[AddressOp]:
+    """Binds and unbinds for the changed ``addresses``, against those ``bound`` now."""
+    want = {a for a in addresses if a in desired.bind_refs}
+    return diff_addresses(want, bound & addresses, owned)
+
+
+def service_ops(
+    desired: DesiredState,
+    keys: set[ServiceKey],
+    services: Mapping[ServiceKey, VirtualServer],
+    dests: Mapping[ServiceKey, Mapping[DestKey, ObservedDest]],
+    owned: Callable[[ServiceKey], bool],
+    expired: Callable[[ServiceKey, Mapping[DestKey, ObservedDest]], set[DestKey]],
+) -> list[ServiceOp | DestOp]:
+    """Virtual and real server operations for the changed ``keys``, against the kernel's
+    ``services`` and ``dests`` (real servers to drain read back with current counts)."""
+    ordered = sorted(keys, key=SERVICE_ORDER)
+    ops: list[ServiceOp | DestOp] = list(
+        diff_services(desired.virtual_servers, services, owned, ordered)
+    )
+    for key in ordered:
+        if key not in desired.virtual_servers:
+            continue
+        have = dests.get(key, {})
+        ops += diff_dests(key, desired.real_servers[key], have, expired(key, have))
+    return ops
+
+
+def member_ops(
+    desired: DesiredState, members: set[tuple[str, str]], observed: Mapping[str, set[str]]
+) -> list[MemberOp]:
+    """ipset member operations for the changed ``members``, against the kernel's sets."""
+    by_set: dict[str, set[str]] = {}
+    for name, entry in members:
+        by_set.setdefault(name, set()).add(entry)
+    ops = []
+    for name in sorted(by_set):
+        entries = by_set[name]
+        want = desired.members_among(name, entries)
+        ops += diff_members(name, want, observed.get(name, set()) & entries)
+    return ops
 
 
 _T = TypeVar("_T")

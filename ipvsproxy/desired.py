@@ -58,6 +58,11 @@ class DesiredState:
             return entry in self.bind_refs
         return entry in self.member_refs[set_name]
 
+    def members_among(self, set_name: str, entries: set[str]) -> set[str]:
+        """Those of ``entries`` that ``set_name`` should hold (``has_member`` of each, at once)."""
+        refs = self.bind_refs if set_name == S.IPVS_IPS else self.member_refs[set_name]
+        return entries & refs.keys()
+
     def nonempty_sets(self) -> frozenset[str]:
         names = {n for n, c in self.member_refs.items() if c}
         if self.bind_refs:
@@ -116,13 +121,18 @@ class DesiredState:
     def _update_refs(
         refs: Counter[T], old: Collection[T], new: Collection[T], touched: set[T]
     ) -> None:
-        old_set, new_set = set(old), set(new)
+        old_set = old if isinstance(old, frozenset | set) else set(old)
+        new_set = new if isinstance(new, frozenset | set) else set(new)
+        count = refs.get
         for item in old_set - new_set:
-            refs[item] -= 1
-            if refs[item] <= 0:
-                del refs[item]
+            n = count(item, 0) - 1
+            if n <= 0:
+                refs.pop(item, None)
                 touched.add(item)
+            else:
+                refs[item] = n
         for item in new_set - old_set:
-            if refs[item] == 0:
+            n = count(item, 0)
+            if n == 0:
                 touched.add(item)
-            refs[item] += 1
+            refs[item] = n + 1

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ipvsproxy.model import (
+    DEST_ORDER,
+    SERVICE_ORDER,
     DestKey,
     ObservedDest,
     Protocol,
@@ -77,7 +79,9 @@ def diff_services(
     ours: someone else's virtual servers on the same node are never touched.
     """
     ops: list[ServiceOp] = []
-    for key in sorted(set(desired) | set(observed)) if keys is None else keys:
+    for key in (
+        sorted(desired.keys() | observed.keys(), key=SERVICE_ORDER) if keys is None else keys
+    ):
         want, have = desired.get(key), observed.get(key)
         if want is not None and have is None:
             ops.append(ServiceOp(OpKind.ADD, want))
@@ -86,6 +90,10 @@ def diff_services(
         elif want is None and have is not None and owned(key):
             ops.append(ServiceOp(OpKind.DELETE, have))
     return ops
+
+
+def _by_key(item: tuple[DestKey, RealServer]) -> tuple[str, int]:
+    return item[0].address, item[0].port
 
 
 def diff_dests(
@@ -101,8 +109,13 @@ def diff_dests(
     the caller says its grace period ``expired``. UDP has no connection to drain: a UDP real
     server goes at once (the caller then clears its conntrack entries).
     """
+    if not observed:
+        # A new virtual server (all of them, in a cold sync): every real server is added.
+        return [
+            DestOp(OpKind.ADD, service, want) for _, want in sorted(desired.items(), key=_by_key)
+        ]
     ops: list[DestOp] = []
-    for key in sorted(set(desired) | set(observed)):
+    for key in sorted(desired.keys() | observed.keys(), key=DEST_ORDER):
         want, have = desired.get(key), observed.get(key)
         if want is not None:
             if have is None:

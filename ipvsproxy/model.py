@@ -9,8 +9,10 @@ an address family.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from enum import StrEnum
+from operator import attrgetter
 
 
 class Protocol(StrEnum):
@@ -44,8 +46,18 @@ FWD_TUNNEL = 2
 FWD_DROUTE = 3
 
 
+# A dotted quad already in canonical form (no leading zeros, every octet <= 255): most of what
+# the API sends. Such text is its own canonical spelling; parsing it would only cost time.
+_CANONICAL_IPV4 = re.compile(
+    r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
+    r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+).fullmatch
+
+
 def canonical_ip(text: str) -> str:
     """One spelling per address, so keys from the API and from the kernel compare equal."""
+    if type(text) is str and _CANONICAL_IPV4(text):
+        return text
     return str(ipaddress.ip_address(text))
 
 
@@ -64,6 +76,12 @@ class ServiceKey:
     def __str__(self) -> str:
         host = f"[{self.address}]" if is_ipv6(self.address) else self.address
         return f"{self.protocol.value} {host}:{self.port}"
+
+
+# Sort keys for ServiceKey and DestKey: the same order as the dataclasses' own (field by field),
+# compared in C rather than through the generated __lt__.
+SERVICE_ORDER = attrgetter("address", "protocol", "port")
+DEST_ORDER = attrgetter("address", "port")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +141,9 @@ class DestStats:
         return self.active == 0 and self.inactive == 0
 
 
+IDLE = DestStats()
+
+
 @dataclass(frozen=True, slots=True)
 class Traffic:
     """Packet, byte and connection counters and rates of a virtual or real server, as
@@ -143,4 +164,4 @@ class Traffic:
 @dataclass(frozen=True, slots=True)
 class ObservedDest:
     server: RealServer
-    stats: DestStats = field(default_factory=DestStats)
+    stats: DestStats = IDLE  # immutable, so one instance serves every default

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,39 +192,60 @@ def slice_endpoints(
     slices: Iterable[Mapping[str, Any]], port_name: str, protocol: Protocol
 ) -> list[Endpoint]:
     """Endpoints of one service port merged across slices, one per address:port."""
-    seen: dict[tuple[str, int], Endpoint] = {}
+    return endpoints_by_port(slices, [(port_name, protocol)])[0]
+
+
+def endpoints_by_port(
+    slices: Iterable[Mapping[str, Any]], ports: Sequence[tuple[str, Protocol]]
+) -> list[list[Endpoint]]:
+    """``slice_endpoints`` for each (port name, protocol) of ``ports``, reading every endpoint
+    of the slices once rather than once per port."""
+    seen: list[dict[tuple[str, int], Endpoint]] = [{} for _ in ports]
     for sl in slices:
         if sl.get("addressType", "IPv4") != "IPv4":
             continue
-        port = None
-        for p in sl.get("ports") or []:
-            if (p.get("name") or "") == port_name and (p.get("protocol") or "TCP") == protocol:
-                port = p.get("port")
-        if not port:
+        slice_ports = sl.get("ports") or []
+        matched = []  # (which of ports, its number in this slice)
+        for i, (port_name, protocol) in enumerate(ports):
+            port = None
+            for p in slice_ports:
+                if (p.get("name") or "") == port_name and (p.get("protocol") or "TCP") == protocol:
+                    port = p.get("port")
+            if port:
+                matched.append((seen[i], port))
+        if not matched:
             continue
+        numbered: list[tuple[dict[tuple[str, int], Endpoint], int]] | None = None
         for ep in sl.get("endpoints") or []:
-            cond = ep.get("conditions") or {}
+            get = ep.get
+            cond = get("conditions") or {}
             ready = cond.get("ready")
             ready = True if ready is None else bool(ready)
             serving = cond.get("serving")
             serving = ready if serving is None else bool(serving)
             terminating = bool(cond.get("terminating"))
-            for addr in (ep.get("addresses") or [])[:1]:  # the first address is the one used
+            for addr in (get("addresses") or [])[:1]:  # the first address is the one used
                 try:
                     ip = canonical_ip(addr)
                 except ValueError:
                     continue
-                key = (ip, int(port))
-                if key in seen and seen[key].ready:
-                    continue
-                seen[key] = Endpoint(
-                    ip,
-                    int(port),
-                    ready,
-                    serving,
-                    terminating,
-                    ep.get("nodeName"),
-                    ep.get("zone"),
-                    _pod_of(ep.get("targetRef"), sl),
-                )
-    return [seen[k] for k in sorted(seen)]
+                if numbered is None:
+                    numbered = [(found, int(port)) for found, port in matched]
+                node: Any = None
+                zone: Any = None
+                pod: str | None = None
+                first = True
+                for found, number in numbered:
+                    key = (ip, number)
+                    old = found.get(key)
+                    if old is not None and old.ready:
+                        continue
+                    if first:
+                        node, zone, pod = (
+                            get("nodeName"),
+                            get("zone"),
+                            _pod_of(get("targetRef"), sl),
+                        )
+                        first = False
+                    found[key] = Endpoint(ip, number, ready, serving, terminating, node, zone, pod)
+    return [[found[k] for k in sorted(found)] for found in seen]

@@ -30,9 +30,9 @@ from ipvsproxy.objects import (
     Endpoint,
     InvalidObject,
     ServicePort,
+    endpoints_by_port,
     is_proxied,
     service_ports,
-    slice_endpoints,
 )
 
 SVC_F_SCHED_SH_PORT = 0x0010  # upstream sets it for the mh scheduler
@@ -95,24 +95,38 @@ class _Builder:
         self.no_local = 0
         self.ids: dict[ServiceKey, I.VirtualServerIdentity] = {}
         self.eps: dict[str, I.EndpointIdentity] = {}
+        # The real servers of the last endpoint list seen: the virtual servers of one port
+        # (cluster IP, node ports, load-balancer VIPs) mostly share one, and so its mapping.
+        self._last: tuple[list[Endpoint], dict[DestKey, RealServer]] | None = None
 
     def add_vs(
-        self, vs: VirtualServer, endpoints: Iterable[Endpoint], sp: ServicePort, role: str
+        self, vs: VirtualServer, endpoints: list[Endpoint], sp: ServicePort, role: str
     ) -> None:
         self.vs[vs.key] = vs
         self.ids[vs.key] = I.VirtualServerIdentity(sp.service, sp.name, sp.port, sp.type, role)
-        self.rs[vs.key] = {
-            DestKey(e.address, e.port): RealServer(DestKey(e.address, e.port), weight=1)
-            for e in endpoints
-        }
+        if self._last is not None and self._last[0] is endpoints:
+            self.rs[vs.key] = self._last[1]
+            return
+        rs = {}
+        for e in endpoints:
+            key = DestKey(e.address, e.port)
+            rs[key] = RealServer(key, 1)
+        self._last = (endpoints, rs)
+        self.rs[vs.key] = rs
 
     def member(self, set_name: str, entry: str) -> None:
         self.members[set_name].add(entry)
 
     def build(self) -> ServicePlan:
+        frozen: dict[int, Mapping[DestKey, RealServer]] = {}  # one copy of each shared mapping
+        real_servers = {}
+        for key, rs in self.rs.items():
+            if id(rs) not in frozen:
+                frozen[id(rs)] = _frozen(rs)
+            real_servers[key] = frozen[id(rs)]
         return ServicePlan(
             virtual_servers=_frozen(self.vs),
-            real_servers=_frozen({k: _frozen(v) for k, v in self.rs.items()}),
+            real_servers=_frozen(real_servers),
             bind=frozenset(self.bind),
             members=_frozen({k: frozenset(v) for k, v in self.members.items() if v}),
             out_filters=frozenset(self.out_filters),
@@ -146,8 +160,11 @@ def _plan_port(
     external = local if sp.external_local else cluster
     if (sp.internal_local or sp.external_local) and not local and cluster:
         b.no_local += 1
+    eps = b.eps
     for e in endpoints:
-        b.eps[e.address] = I.EndpointIdentity(e.pod, e.node)
+        known = eps.get(e.address)
+        if known is None or known.pod != e.pod or known.node != e.node:
+            eps[e.address] = I.EndpointIdentity(e.pod, e.node)
         if e.node == node.name:
             b.member(S.LOOP_BACK, f"{e.address},{proto}:{e.port},{e.address}")
     for ip in sp.cluster_ips:
@@ -239,8 +256,8 @@ def plan_service(
         # No cluster IP of this family (an IPv6-only Service): nothing for this proxier, as
         # upstream's per-family proxiers skip it.
         return EMPTY
-    slices = list(slices)
     b = _Builder()
-    for sp in ports:
-        _plan_port(b, sp, slice_endpoints(slices, sp.name, sp.protocol), node, cfg)
+    by_port = endpoints_by_port(slices, [(sp.name, sp.protocol) for sp in ports])
+    for sp, endpoints in zip(ports, by_port, strict=True):
+        _plan_port(b, sp, endpoints, node, cfg)
     return b.build()

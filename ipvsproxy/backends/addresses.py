@@ -14,6 +14,12 @@ from ipvsproxy.netlink.sock import NETLINK_ROUTE, NetlinkSocket
 DUMMY_DEVICE = "kube-ipvs0"
 
 
+def encode(seq: int, ifindex: int, op: AddressOp) -> bytes:
+    """The request for one operation (pure: also what the host benchmark encodes)."""
+    build = r.add_address if op.kind is OpKind.ADD else r.del_address
+    return build(seq, ifindex, op.address)
+
+
 class Addresses:
     def __init__(self, device: str = DUMMY_DEVICE) -> None:
         self.device = device
@@ -82,8 +88,7 @@ class Addresses:
         requests = []
         for op in ops:
             seq = self.sock.next_seq()
-            build = r.add_address if op.kind is OpKind.ADD else r.del_address
-            requests.append((seq, build(seq, index, op.address)))
+            requests.append((seq, encode(seq, index, op)))
         results = [
             Result(f"{op.kind}_address", f"{op} on {self.device}", o.errno)
             for op, o in zip(ops, self.sock.execute(requests), strict=True)

@@ -11,6 +11,21 @@ from ipvsproxy.netlink import ipvs_messages as m
 from ipvsproxy.netlink.sock import NETLINK_GENERIC, NetlinkSocket, resolve_family
 
 
+def encode(enc: m.Encoder, seq: int, op: ServiceOp | DestOp) -> bytes:
+    """The request for one operation (pure: also what the host benchmark encodes)."""
+    if isinstance(op, ServiceOp):
+        if op.kind is OpKind.ADD:
+            return enc.new_service(seq, op.server)
+        if op.kind is OpKind.SET:
+            return enc.set_service(seq, op.server)
+        return enc.del_service(seq, op.server.key)
+    if op.kind is OpKind.ADD:
+        return enc.new_dest(seq, op.service, op.server)
+    if op.kind is OpKind.SET:
+        return enc.set_dest(seq, op.service, op.server)
+    return enc.del_dest(seq, op.service, op.server.key)
+
+
 class IPVS:
     def __init__(self) -> None:
         self.sock = NetlinkSocket(NETLINK_GENERIC)
@@ -59,20 +74,6 @@ class IPVS:
                 found[dest.server.key] = (dest, m.dest_traffic(msg))
         return found
 
-    def _encode(self, seq: int, op: ServiceOp | DestOp) -> bytes:
-        enc = self.encoder
-        if isinstance(op, ServiceOp):
-            if op.kind is OpKind.ADD:
-                return enc.new_service(seq, op.server)
-            if op.kind is OpKind.SET:
-                return enc.set_service(seq, op.server)
-            return enc.del_service(seq, op.server.key)
-        if op.kind is OpKind.ADD:
-            return enc.new_dest(seq, op.service, op.server)
-        if op.kind is OpKind.SET:
-            return enc.set_dest(seq, op.service, op.server)
-        return enc.del_dest(seq, op.service, op.server.key)
-
     def apply(self, ops: Sequence[ServiceOp | DestOp]) -> int:
         """Apply in order, batched; raise ApplyError naming every rejected operation."""
         if not ops:
@@ -80,7 +81,7 @@ class IPVS:
         requests = []
         for op in ops:
             seq = self.sock.next_seq()
-            requests.append((seq, self._encode(seq, op)))
+            requests.append((seq, encode(self.encoder, seq, op)))
         outcomes = self.sock.execute(requests)
         results = [
             Result(

@@ -60,9 +60,12 @@ def attr_str(kind: int, value: str) -> bytes:
     return attr(kind, value.encode() + b"\0")
 
 
+_GENL_HEAD = struct.Struct("=IHHIIBBH")  # _NLMSGHDR + _GENLHDR in one
+
+
 def genl_message(family: int, cmd: int, version: int, seq: int, flags: int, body: bytes) -> bytes:
     length = HEADER_LEN + len(body)
-    return _NLMSGHDR.pack(length, family, flags, seq, 0) + _GENLHDR.pack(cmd, version, 0) + body
+    return _GENL_HEAD.pack(length, family, flags, seq, 0, cmd, version, 0) + body
 
 
 @dataclass(frozen=True, slots=True)

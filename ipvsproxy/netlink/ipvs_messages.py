@@ -83,6 +83,11 @@ _STATS_FIELDS = (
 )
 
 _FLAGS = struct.Struct("=II")
+_BE16 = struct.Struct("!H")
+# A nested IPVS_CMD_ATTR_DEST with address, port, forwarding method, weight, both thresholds
+# and address family, each attribute header and padding in place: what _dest_full encodes,
+# the same bytes as codec.nested() of codec.attr*() each, in one call.
+_DEST_FULL = struct.Struct("=HH" + "HH16s" + "HH2s2x" + "HHI" * 4 + "HHH2x")
 _REQ_ACK = codec.NLM_F_REQUEST | codec.NLM_F_ACK
 _REQ_DUMP = codec.NLM_F_REQUEST | codec.NLM_F_DUMP
 
@@ -149,22 +154,38 @@ class Encoder:
         return self._msg(CMD_DEL_SERVICE, seq, codec.nested(ATTR_SERVICE, _service_id(key)))
 
     def _service_attr(self, key: ServiceKey) -> bytes:
-        if key != self._svc_key:
+        if key is not self._svc_key and key != self._svc_key:
             self._svc_key = key
             self._svc_attr = codec.nested(ATTR_SERVICE, _service_id(key))
         return self._svc_attr
 
     def _dest_full(self, rs: RealServer) -> bytes:
         addr = rs.key.address
-        return codec.nested(
-            ATTR_DEST,
-            codec.attr(DEST_ADDR, _addr16(addr))
-            + codec.attr_be16(DEST_PORT, rs.key.port)
-            + codec.attr_u32(DEST_FWD_METHOD, rs.fwd_method)
-            + codec.attr_u32(DEST_WEIGHT, rs.weight)
-            + codec.attr_u32(DEST_U_THRESH, 0)
-            + codec.attr_u32(DEST_L_THRESH, 0)
-            + codec.attr_u16(DEST_ADDR_FAMILY, _family(addr)),
+        family = _family(addr)
+        return _DEST_FULL.pack(
+            _DEST_FULL.size,
+            ATTR_DEST | codec.NLA_F_NESTED,
+            20,
+            DEST_ADDR,
+            socket.inet_pton(family, addr),  # "16s" pads an IPv4 address with zeros
+            6,
+            DEST_PORT,
+            _BE16.pack(rs.key.port),
+            8,
+            DEST_FWD_METHOD,
+            rs.fwd_method,
+            8,
+            DEST_WEIGHT,
+            rs.weight,
+            8,
+            DEST_U_THRESH,
+            0,
+            8,
+            DEST_L_THRESH,
+            0,
+            6,
+            DEST_ADDR_FAMILY,
+            family,
         )
 
     def new_dest(self, seq: int, key: ServiceKey, rs: RealServer) -> bytes:

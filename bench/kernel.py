@@ -1,0 +1,360 @@
+"""Kernel benchmarks, inside the lab guest: ``python -m lab run -- python -m bench.kernel``.
+
+One node namespace (``bench-node``: lo, a dummy eth0 with the node address) holds everything.
+Each figure compares two runs made in this one guest boot, alternating, so the slow and noisy
+User-Mode Linux kernel cancels out of the ratios:
+
+- cold sync: ipvsproxy's Dataplane from an empty kernel to fully programmed (planning included)
+  against the C tools loading the same final state (``ipvsadm -R``, ``ipset restore``,
+  ``iptables-restore``, ``ip -batch``), the state taken from what ipvsproxy programmed;
+- one change at scale: one endpoint added, removed, flipped not-ready, one Service added and
+  one deleted, each as ``update_service`` + ``sync`` (what the daemon's sync runner does for one
+  event), against a forced full resync of the same state (every Service re-planned, the kernel
+  read back and diffed, as upstream does on every sync); netlink write operations counted;
+- restart adoption: a new Dataplane over the programmed kernel, its first sync's time and
+  writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bench import synthetic
+from ipvsproxy.dataplane import Backends, Dataplane, SyncResult
+from ipvsproxy.plan import NodeFacts, PlanConfig
+from ipvsproxy.rules import RulesConfig
+from lab import netns
+
+T = TypeVar("T")
+NS = "bench-node"
+NODE_IP = "192.168.56.11"
+CLUSTER_CIDR = "10.244.0.0/16"
+Cluster = list[tuple[str, dict[str, Any], list[dict[str, Any]]]]
+
+
+def sh(script: str, check: bool = True) -> str:
+    """A shell script in the node namespace."""
+    proc = subprocess.run(
+        ["ip", "netns", "exec", NS, "sh", "-c", script], capture_output=True, text=True
+    )
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{script!r} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def make_node() -> None:
+    subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+    subprocess.run(["ip", "netns", "add", NS], check=True)
+    sh(
+        "ip link set lo up && ip link add eth0 type dummy && "
+        f"ip addr add {NODE_IP}/24 dev eth0 && ip link set eth0 up"
+    )
+
+
+def wipe() -> None:
+    """Back to an empty dataplane, with the C tools (the namespace holds only our state)."""
+    sh(
+        "ipvsadm -C; for t in nat filter mangle raw; do iptables -t $t -F; iptables -t $t -X; "
+        "done; ipset destroy; ip link del kube-ipvs0; true",
+        check=False,
+    )
+
+
+class Node:
+    """A Dataplane whose calls run with this thread in the node namespace."""
+
+    def __init__(self, state: Path) -> None:
+        with netns.entered(NS):
+            self.backends = Backends.open()
+            facts = NodeFacts(
+                name="node-1",
+                node_ips=(NODE_IP,),
+                local_addresses=frozenset({NODE_IP}),
+                primary_ip=NODE_IP,
+            )
+            self.dp = Dataplane(
+                facts,
+                self.backends,
+                state,
+                plan_config=PlanConfig(),
+                rules_config=RulesConfig(cluster_cidr=CLUSTER_CIDR),
+            )
+
+    def run(self, fn: Callable[[Dataplane], T]) -> T:
+        with netns.entered(NS):
+            return fn(self.dp)
+
+    def close(self) -> None:
+        self.backends.close()
+
+
+@contextmanager
+def node(state: Path) -> Iterator[Node]:
+    n = Node(state)
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+def checked(result: SyncResult) -> SyncResult:
+    if result.errors:
+        raise RuntimeError(f"sync failed: {result.errors[:3]}")
+    return result
+
+
+def load_all(dp: Dataplane, cluster: Cluster) -> None:
+    for key, svc, slices in cluster:
+        error = dp.update_service(key, svc, slices)
+        if error:
+            raise RuntimeError(f"{key}: {error}")
+
+
+def program(cluster: Cluster) -> Callable[[Dataplane], SyncResult]:
+    """Every Service handed to the dataplane, then one sync (the first is a full one)."""
+
+    def run(dp: Dataplane) -> SyncResult:
+        load_all(dp, cluster)
+        return checked(dp.sync())
+
+    return run
+
+
+# -- cold sync ----------------------------------------------------------------------------------
+
+
+def ipvsproxy_cold(cluster: Cluster, workdir: Path) -> tuple[float, int]:
+    state = workdir / f"state-{time.monotonic_ns()}.json"
+    with node(state) as n:
+        start = time.perf_counter()
+        result = n.run(program(cluster))
+        return time.perf_counter() - start, result.writes
+
+
+def snapshot() -> dict[str, str]:
+    """What ipvsproxy programmed, as inputs for the C tools' restore commands."""
+    addrs = sh("ip -o -4 addr show dev kube-ipvs0").split()
+    batch = "link add kube-ipvs0 type dummy\n" + "".join(
+        f"addr add {addrs[i + 1]} dev kube-ipvs0\n" for i, w in enumerate(addrs) if w == "inet"
+    )
+    return {
+        "ipvsadm": sh("ipvsadm -Sn"),
+        "ipset": sh("ipset save"),
+        "iptables": sh("iptables-save"),
+        "ip": batch,
+    }
+
+
+def c_tools_cold(snap: dict[str, str], workdir: Path) -> float:
+    for name, text in snap.items():
+        (workdir / f"{name}.txt").write_text(text)
+    script = (
+        f"ip -batch {workdir}/ip.txt && ipset restore < {workdir}/ipset.txt && "
+        f"iptables-restore < {workdir}/iptables.txt && ipvsadm -R < {workdir}/ipvsadm.txt"
+    )
+    start = time.perf_counter()
+    sh(script)
+    return time.perf_counter() - start
+
+
+def _normal(text: str) -> list[str]:
+    """Lines without iptables-save's dated comments and chain counters, in order."""
+    return sorted(
+        re.sub(r" \[\d+:\d+\]$", "", line) for line in text.splitlines() if not line.startswith("#")
+    )
+
+
+def same_state(snap: dict[str, str]) -> list[str]:
+    """The parts of the kernel state that differ from ``snap`` (none: the same)."""
+    now = snapshot()
+    return [k for k in snap if _normal(now[k]) != _normal(snap[k])]
+
+
+def cold_sync(services: int, endpoints: int, pairs: int, workdir: Path) -> dict[str, Any]:
+    cluster = synthetic.cluster(services, endpoints)
+    rows: list[dict[str, float]] = []
+    for i in range(pairs):
+        wipe()
+        ours, writes = ipvsproxy_cold(cluster, workdir)
+        snap = snapshot()
+        wipe()
+        theirs = c_tools_cold(snap, workdir)
+        differ = same_state(snap)
+        if differ:
+            raise RuntimeError(f"the C tools did not load what ipvsproxy programmed: {differ}")
+        rows.append({"ipvsproxy_s": ours, "c_tools_s": theirs, "ratio": ours / theirs})
+        progress(f"cold {services}x{endpoints} pair {i + 1}: {ours:.2f} s vs {theirs:.2f} s")
+    wipe()
+    real_servers = sum(len(rs) for rs in _real_servers(cluster, workdir))
+    return {
+        "services": services,
+        "endpoints": endpoints,
+        "virtual_servers": snap["ipvsadm"].count("-A "),
+        "real_servers": real_servers,
+        "writes": writes,
+        "pairs": rows,
+        "ipvsproxy_s": statistics.median(r["ipvsproxy_s"] for r in rows),
+        "c_tools_s": statistics.median(r["c_tools_s"] for r in rows),
+        "ratio": statistics.median(r["ratio"] for r in rows),
+    }
+
+
+def _real_servers(cluster: Cluster, workdir: Path) -> list[Any]:
+    with node(workdir / "count.json") as n:
+        n.run(lambda dp: load_all(dp, cluster))
+        return list(n.dp.desired.real_servers.values())
+
+
+# -- one change at scale, forced full resync, restart ------------------------------------------
+
+
+def timed(fn: Callable[[], SyncResult]) -> tuple[float, int]:
+    """Seconds and netlink write operations of one sync."""
+    start = time.perf_counter()
+    result = checked(fn())
+    return time.perf_counter() - start, result.writes
+
+
+Event = tuple[str, dict[str, Any] | None, list[dict[str, Any]]]
+
+
+def changes(cluster: Cluster) -> list[tuple[str, Event]]:
+    """One event each, applied in this order: (what, (service key, Service or None, slices))."""
+    key, svc, slices = cluster[len(cluster) // 2]
+    new_key, new_svc, new_slices = synthetic.new_service(cluster)
+    return [
+        ("endpoint added", (key, svc, synthetic.with_endpoint_added(slices))),
+        ("endpoint removed", (key, svc, slices)),
+        ("endpoint not ready", (key, svc, synthetic.with_endpoint_not_ready(slices))),
+        ("endpoint ready again", (key, svc, slices)),
+        ("service added", (new_key, new_svc, new_slices)),
+        ("service deleted", (new_key, None, [])),
+    ]
+
+
+def one_event(event: Event) -> Callable[[Dataplane], SyncResult]:
+    """What the sync runner does for one event: re-plan that Service, apply what changed."""
+    key, svc, slices = event
+
+    def run(dp: Dataplane) -> SyncResult:
+        dp.update_service(key, svc, slices)
+        return dp.sync()
+
+    return run
+
+
+def full_resync(
+    current: dict[str, tuple[dict[str, Any] | None, list[dict[str, Any]]]],
+) -> Callable[[Dataplane], SyncResult]:
+    """Upstream's way, for comparison: re-plan every Service, read the kernel back, diff all."""
+
+    def run(dp: Dataplane) -> SyncResult:
+        for key, (svc, slices) in current.items():
+            dp.update_service(key, svc, slices)
+        return dp.reconcile()
+
+    return run
+
+
+def at_scale(services: int, endpoints: int, workdir: Path) -> dict[str, Any]:
+    cluster = synthetic.cluster(services, endpoints)
+    current: dict[str, tuple[dict[str, Any] | None, list[dict[str, Any]]]] = {
+        key: (svc, slices) for key, svc, slices in cluster
+    }
+    wipe()
+    state = workdir / "scale.json"
+    out: dict[str, Any] = {"services": services, "endpoints": endpoints, "changes": []}
+    with node(state) as n:
+        n.run(program(cluster))
+        for what, event in changes(cluster):
+            seconds, writes = timed(partial(n.run, one_event(event)))
+            current[event[0]] = (event[1], event[2])
+            # The same state once more, the full way: it must find nothing left to write.
+            full_s, full_w = timed(partial(n.run, full_resync(current)))
+            if full_w:
+                raise RuntimeError(f"after {what}, a full resync still wrote {full_w} times")
+            out["changes"].append(
+                {"change": what, "seconds": seconds, "writes": writes, "full_resync_s": full_s}
+            )
+            progress(f"{what}: {seconds * 1e3:.1f} ms, {writes} writes; full {full_s:.2f} s")
+        out["full_resync_s"] = statistics.median(c["full_resync_s"] for c in out["changes"])
+    # Restart: a new process's Dataplane over the programmed kernel, same state file.
+    final = [(k, s, sl) for k, (s, sl) in current.items() if s is not None]
+    with node(state) as n:
+        start = time.perf_counter()
+        result = n.run(program(final))
+        out["restart"] = {"seconds": time.perf_counter() - start, "writes": result.writes}
+        progress(f"restart: {out['restart']['seconds']:.2f} s, {result.writes} writes")
+    wipe()
+    return out
+
+
+def profile(size: str, workdir: Path) -> int:
+    import cProfile
+    import pstats
+
+    s, e = (int(x) for x in size.split("x"))
+    cluster = synthetic.cluster(s, e)
+    wipe()
+    prof = cProfile.Profile()
+    prof.enable()
+    seconds, writes = ipvsproxy_cold(cluster, workdir)
+    prof.disable()
+    print(f"cold sync {size}: {seconds:.2f} s, {writes} writes")
+    stats = pstats.Stats(prof, stream=sys.stdout)
+    stats.sort_stats("cumulative").print_stats(45)
+    stats.sort_stats("tottime").print_stats(25)
+    wipe()
+    return 0
+
+
+def progress(text: str) -> None:
+    print(f"    {text}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.kernel")
+    p.add_argument("--sizes", default="1000x10,5000x10", help="cold-sync sizes, SxE,...")
+    p.add_argument("--scale", default="5000x10", help="size for one change and restart")
+    p.add_argument("--pairs", type=int, default=3, help="alternating pairs per cold size")
+    p.add_argument("--output", type=Path, help="write the results as JSON here")
+    p.add_argument(
+        "--profile", metavar="SxE", help="only profile one ipvsproxy cold sync of this size"
+    )
+    args = p.parse_args(argv)
+    if not os.environ.get("LAB_IN_GUEST"):
+        print("bench.kernel runs inside the lab guest: python -m lab run -- ...", file=sys.stderr)
+        return 2
+    make_node()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if args.profile:
+            return profile(args.profile, work)
+        results: dict[str, Any] = {"cold": [], "scale": None}
+        for size in filter(None, args.sizes.split(",")):
+            s, e = (int(x) for x in size.split("x"))
+            results["cold"].append(cold_sync(s, e, args.pairs, work))
+        s, e = (int(x) for x in args.scale.split("x"))
+        results["scale"] = at_scale(s, e, work)
+    text = json.dumps(results, indent=2)
+    if args.output:
+        args.output.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
