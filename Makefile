@@ -50,8 +50,11 @@ fmt: setup
 demo: setup
 	$(PY) -m lab demo
 
+# Host benchmark, then the kernel benchmark in one lab guest boot (about half an hour);
+# results under bench-results/. BENCH_ARGS=--host-only skips the kernel lab.
+BENCH_ARGS ?=
 bench: setup
-	@echo "make bench: not implemented yet (issue 6)" >&2; exit 2
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

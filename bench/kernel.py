@@ -352,7 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = json.dumps(results, indent=2)
     if args.output:
         args.output.write_text(text)
-    print(text)
+    else:
+        print(text)
     return 0
 
 

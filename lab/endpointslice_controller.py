@@ -241,8 +241,12 @@ class EndpointSliceController:
         while not self._stop.is_set():
             rv = self.server.store.rv
             if rv != seen:
+                # Taken before the pass: a write landing during it (a Service created while
+                # the slices are computed) gets a pass of its own. Marking the store's version
+                # after the pass lost such writes for good. Our own writes cost one more pass,
+                # which writes nothing.
+                seen = rv
                 self.reconcile()
-                seen = self.server.store.rv  # our own writes need no second pass
             # Wake on the next change (or after ``resync``); a closed store answers at once.
             if not self.server.store.wait_for(seen + 1, self.resync):
                 self._stop.wait(0.05)

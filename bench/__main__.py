@@ -1,0 +1,159 @@
+"""``make bench`` (``python -m bench``): the host benchmark here, the kernel benchmark in one lab
+guest boot, one table, written as Markdown and JSON under ``bench-results/`` (not committed).
+
+Times in the kernel part come from a User-Mode Linux kernel, where every system call is slow:
+the ratios of two runs made in the same boot, alternating, are the comparable figures, not the
+absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench import host
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench-results"
+
+COLD_RATIO_TARGET = 0.5
+CHANGE_WRITES_TARGET = 4
+CHANGE_SPEEDUP_TARGET = 100.0
+
+
+def run_kernel(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """bench.kernel in one guest boot; its JSON comes back through a file on the shared root."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "lab",
+        "run",
+        "--timeout",
+        "5400",
+        "--",
+        "python",
+        "-m",
+        "bench.kernel",
+        "--sizes",
+        args.sizes,
+        "--scale",
+        args.scale,
+        "--pairs",
+        str(args.pairs),
+        "--output",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, cwd=REPO)  # its progress lines show as they come
+    if proc.returncode != 0 or not out.exists():
+        raise SystemExit(f"bench: the kernel benchmark failed (exit status {proc.returncode})")
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def kernel_rows(k: dict[str, Any]) -> list[str]:
+    rows = [
+        "| cold sync S x E | virtual / real servers | ipvsproxy | C tools | ratio (median) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for c in k["cold"]:
+        pairs = ", ".join(f"{p['ratio']:.2f}" for p in c["pairs"])
+        rows.append(
+            f"| {c['services']:,} x {c['endpoints']} | {c['virtual_servers']:,} / "
+            f"{c['real_servers']:,} | {c['ipvsproxy_s']:.1f} s | {c['c_tools_s']:.1f} s | "
+            f"**{c['ratio']:.2f}** (pairs: {pairs}) |"
+        )
+    s = k["scale"]
+    rows += [
+        "",
+        f"| one change at {s['services']:,} x {s['endpoints']} | time | netlink writes | "
+        "forced full resync | speed-up |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for c in s["changes"]:
+        rows.append(
+            f"| {c['change']} | {c['seconds'] * 1e3:.1f} ms | {c['writes']} | "
+            f"{c['full_resync_s']:.2f} s | {c['full_resync_s'] / c['seconds']:.0f}x |"
+        )
+    r = s["restart"]
+    rows += [
+        "",
+        f"Restart over the programmed kernel: first sync {r['seconds']:.2f} s, "
+        f"{r['writes']} writes.",
+    ]
+    return rows
+
+
+def targets(h: dict[str, Any], k: dict[str, Any] | None) -> list[str]:
+    def mark(ok: bool) -> str:
+        return "met" if ok else "**missed**"
+
+    t = h["targets"]
+    lines = [
+        f"- host CPU per real server, cold sync: {t['cold_us_per_real_server']:.2f} us "
+        f"(<= 10): {mark(t['cold_per_real_server_under_10us'])}",
+        f"- planner, one endpoint change: {t['change_planner_us']:.0f} us (< 1 ms): "
+        f"{mark(t['change_under_1ms'])}",
+    ]
+    if k is None:
+        return lines
+    big = max(k["cold"], key=lambda c: c["services"])
+    lines.append(
+        f"- cold sync ratio at {big['services']:,} x {big['endpoints']}: {big['ratio']:.2f} "
+        f"(<= {COLD_RATIO_TARGET}): {mark(big['ratio'] <= COLD_RATIO_TARGET)}"
+    )
+    endpoint = [c for c in k["scale"]["changes"] if c["change"].startswith("endpoint")]
+    writes = max(c["writes"] for c in endpoint)
+    speedup = statistics.median(c["full_resync_s"] / c["seconds"] for c in endpoint)
+    lines += [
+        f"- one endpoint change: at most {writes} netlink writes (<= {CHANGE_WRITES_TARGET}): "
+        f"{mark(writes <= CHANGE_WRITES_TARGET)}",
+        f"- one endpoint change vs forced full resync: {speedup:.0f}x (>= 100x): "
+        f"{mark(speedup >= CHANGE_SPEEDUP_TARGET)}",
+        f"- restart over an unchanged kernel: {k['scale']['restart']['writes']} writes (0): "
+        f"{mark(k['scale']['restart']['writes'] == 0)}",
+    ]
+    return lines
+
+
+def report(h: dict[str, Any], k: dict[str, Any] | None) -> str:
+    lines = ["# ipvsproxy benchmark", "", "```", host.table(h), "```", ""]
+    if k is not None:
+        lines += ["## In the kernel lab (User-Mode Linux: compare ratios, not times)", ""]
+        lines += [*kernel_rows(k), ""]
+    lines += ["## Targets (issue 6)", "", *targets(h, k)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    p.add_argument("--services", type=int, default=10_000, help="host benchmark size")
+    p.add_argument("--endpoints", type=int, default=10)
+    p.add_argument("--sizes", default="1000x10,5000x10", help="kernel cold-sync sizes")
+    p.add_argument("--scale", default="5000x10", help="kernel one-change and restart size")
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--host-only", action="store_true", help="skip the kernel lab")
+    args = p.parse_args(argv)
+    RESULTS.mkdir(exist_ok=True)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    print(f"bench: host benchmark at {args.services:,} x {args.endpoints}", flush=True)
+    h = host.run(args.services, args.endpoints)
+    k = None
+    if not args.host_only:
+        print(f"bench: kernel benchmark ({args.sizes}; {args.scale})", flush=True)
+        k = run_kernel(args, RESULTS / f"kernel-{stamp}.json")
+    text = report(h, k)
+    (RESULTS / f"bench-{stamp}.md").write_text(text)
+    (RESULTS / f"bench-{stamp}.json").write_text(json.dumps({"host": h, "kernel": k}, indent=2))
+    print(text)
+    print(f"bench: written to {RESULTS}/bench-{stamp}.md and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

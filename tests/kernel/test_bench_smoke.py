@@ -1,0 +1,40 @@
+"""``make bench``'s kernel part at a smoke size, so that CI proves it still runs (no timing
+asserts: speeds go in ``make bench``). What it checks is what the benchmark relies on: the C
+tools load exactly what ipvsproxy programmed, a full resync after each change writes nothing,
+one endpoint change is a handful of writes, a restart writes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import kernel
+
+pytestmark = pytest.mark.kernel
+
+
+def test_the_kernel_benchmark_runs_at_a_smoke_size(tmp_path: Path) -> None:
+    kernel.make_node()
+    cold = kernel.cold_sync(30, 3, pairs=1, workdir=tmp_path)
+    assert cold["virtual_servers"] > 30 and cold["real_servers"] >= 3 * cold["virtual_servers"]
+    assert cold["writes"] > cold["real_servers"]
+    (pair,) = cold["pairs"]
+    assert pair["ipvsproxy_s"] > 0 and pair["c_tools_s"] > 0
+    scale = kernel.at_scale(30, 3, tmp_path)
+    by_change = {c["change"]: c for c in scale["changes"]}
+    assert set(by_change) == {
+        "endpoint added",
+        "endpoint removed",
+        "endpoint not ready",
+        "endpoint ready again",
+        "service added",
+        "service deleted",
+    }
+    for name, change in by_change.items():
+        assert change["writes"] >= 1, name  # every event changed the kernel
+        if name.startswith("endpoint"):
+            assert change["writes"] <= 7, name  # one write per virtual server at most
+    assert scale["restart"]["writes"] == 0
+    kernel.wipe()
+    assert kernel.sh("ipvsadm -Sn") == ""
