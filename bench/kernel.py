@@ -30,18 +30,15 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from bench import synthetic
-from ipvsproxy.dataplane import Backends, Dataplane, SyncResult
-from ipvsproxy.plan import NodeFacts, PlanConfig
-from ipvsproxy.rules import RulesConfig
-from lab import netns
+from ipvsproxy.dataplane import Dataplane, SyncResult
+from lab.topology import Node
+from tests.kernel.dataplane_helpers import NodeDataplane
 
-T = TypeVar("T")
 NS = "bench-node"
 NODE_IP = "192.168.56.11"
-CLUSTER_CIDR = "10.244.0.0/16"
 Cluster = list[tuple[str, dict[str, Any], list[dict[str, Any]]]]
 
 
@@ -73,37 +70,21 @@ def wipe() -> None:
     )
 
 
-class Node:
-    """A Dataplane whose calls run with this thread in the node namespace."""
-
-    def __init__(self, state: Path) -> None:
-        with netns.entered(NS):
-            self.backends = Backends.open()
-            facts = NodeFacts(
-                name="node-1",
-                node_ips=(NODE_IP,),
-                local_addresses=frozenset({NODE_IP}),
-                primary_ip=NODE_IP,
-            )
-            self.dp = Dataplane(
-                facts,
-                self.backends,
-                state,
-                plan_config=PlanConfig(),
-                rules_config=RulesConfig(cluster_cidr=CLUSTER_CIDR),
-            )
-
-    def run(self, fn: Callable[[Dataplane], T]) -> T:
-        with netns.entered(NS):
-            return fn(self.dp)
-
-    def close(self) -> None:
-        self.backends.close()
+# The node as the lab topology describes one: the kernel tests' NodeDataplane runs on it.
+NODE = Node(
+    name="node-1",
+    index=1,
+    netns=NS,
+    ip=NODE_IP,
+    pod_cidr="10.244.1.0/24",
+    gateway=NODE_IP,
+    pods=(),
+)
 
 
 @contextmanager
-def node(state: Path) -> Iterator[Node]:
-    n = Node(state)
+def node(state: Path) -> Iterator[NodeDataplane]:
+    n = NodeDataplane(NODE, state)
     try:
         yield n
     finally:
