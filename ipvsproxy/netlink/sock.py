@@ -111,11 +111,11 @@ class NetlinkSocket:
     def _send_batch(self, batch: list[tuple[int, bytes]]) -> list[Outcome]:
         """Send the batch with only its last request asking for an ack (see the module's
         docstring); requests come with NLM_F_ACK set and are whole netlink messages."""
-        data = bytearray(b"".join(msg for _, msg in batch))
+        data = bytearray(b"".join(request for _, request in batch))
         off = 0
-        for _, msg in batch[:-1]:
+        for _, request in batch[:-1]:
             data[off + _ACK_BYTE] &= ~codec.NLM_F_ACK
-            off += len(msg)
+            off += len(request)
         self.sock.sendall(data)
         self.sends += 1
         seqs = {seq for seq, _ in batch}
