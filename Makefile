@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 APT_STAMP := $(VENV)/.apt-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all setup test test-host test-kernel lint fmt demo bench clean
+.PHONY: all setup test test-host test-kernel lint fmt demo bench bench-scaling clean
 
 all: test
 
@@ -55,6 +55,12 @@ demo: setup
 BENCH_ARGS ?=
 bench: setup
 	$(PY) -m bench $(BENCH_ARGS)
+
+# One endpoint change against cluster size: ipvsproxy incremental, forced full resync, the C
+# tools reloading the state; the chart goes to docs/bench-scaling.png (about 20 minutes).
+SCALING_SIZES ?= 500x10,1000x10,2000x10,5000x10
+bench-scaling: setup
+	$(PY) -m bench --scaling $(SCALING_SIZES)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

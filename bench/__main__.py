@@ -17,38 +17,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import host
+from bench import chart, host
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench-results"
+SCALING_CHART = REPO / "docs" / "bench-scaling.png"  # shown in the README
 
 COLD_RATIO_TARGET = 0.5
 CHANGE_WRITES_TARGET = 4
 CHANGE_SPEEDUP_TARGET = 100.0
+RSS_TARGET_MIB = 200  # the issue says MB: MiB are compared as 1.048576 MB each
 
 
-def run_kernel(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def run_kernel(bench_args: list[str], out: Path) -> dict[str, Any]:
     """bench.kernel in one guest boot; its JSON comes back through a file on the shared root."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "lab",
-        "run",
-        "--timeout",
-        "5400",
-        "--",
-        "python",
-        "-m",
-        "bench.kernel",
-        "--sizes",
-        args.sizes,
-        "--scale",
-        args.scale,
-        "--pairs",
-        str(args.pairs),
-        "--output",
-        str(out),
-    ]
+    cmd = [sys.executable, "-m", "lab", "run", "--timeout", "5400", "--"]
+    cmd += ["python", "-m", "bench.kernel", *bench_args, "--output", str(out)]
     proc = subprocess.run(cmd, cwd=REPO)  # its progress lines show as they come
     if proc.returncode != 0 or not out.exists():
         raise SystemExit(f"bench: the kernel benchmark failed (exit status {proc.returncode})")
@@ -71,13 +55,13 @@ def kernel_rows(k: dict[str, Any]) -> list[str]:
     s = k["scale"]
     rows += [
         "",
-        f"| one change at {s['services']:,} x {s['endpoints']} | time | netlink writes | "
-        "forced full resync | speed-up |",
+        f"| one change at {s['services']:,} x {s['endpoints']} | time | netlink writes "
+        "(system calls) | forced full resync | speed-up |",
         "| --- | --- | --- | --- | --- |",
     ]
     for c in s["changes"]:
         rows.append(
-            f"| {c['change']} | {c['seconds'] * 1e3:.1f} ms | {c['writes']} | "
+            f"| {c['change']} | {c['seconds'] * 1e3:.1f} ms | {c['writes']} ({c['sends']}) | "
             f"{c['full_resync_s']:.2f} s | {c['full_resync_s'] / c['seconds']:.0f}x |"
         )
     r = s["restart"]
@@ -86,6 +70,18 @@ def kernel_rows(k: dict[str, Any]) -> list[str]:
         f"Restart over the programmed kernel: first sync {r['seconds']:.2f} s, "
         f"{r['writes']} writes.",
     ]
+    if k.get("memory"):
+        rows += [
+            "",
+            "| `ipvsproxy run` holding S x E | peak RSS at first sync | peak RSS after 3 more "
+            "full syncs | first sync (from start) |",
+            "| --- | --- | --- | --- |",
+        ]
+        for m in k["memory"]:
+            rows.append(
+                f"| {m['services']:,} x {m['endpoints']} | {m['peak_rss_mib_first_sync']:.0f} MiB"
+                f" | {m['peak_rss_mib']:.0f} MiB | {m['first_sync_s']:.1f} s |"
+            )
     return rows
 
 
@@ -118,6 +114,13 @@ def targets(h: dict[str, Any], k: dict[str, Any] | None) -> list[str]:
         f"- restart over an unchanged kernel: {k['scale']['restart']['writes']} writes (0): "
         f"{mark(k['scale']['restart']['writes'] == 0)}",
     ]
+    if k.get("memory"):
+        m = max(k["memory"], key=lambda m: m["services"])
+        lines.append(
+            f"- peak RSS of ipvsproxy run at {m['services']:,} x {m['endpoints']}: "
+            f"{m['peak_rss_mib']:.0f} MiB (< {RSS_TARGET_MIB} MB): "
+            f"{mark(m['peak_rss_mib'] * 1.048576 < RSS_TARGET_MIB)}"
+        )
     return lines
 
 
@@ -130,6 +133,30 @@ def report(h: dict[str, Any], k: dict[str, Any] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def scaling(sizes: str, stamp: str) -> int:
+    """One endpoint change at each size; the table, and the chart the README shows."""
+    print(f"bench: scaling run ({sizes})", flush=True)
+    points = run_kernel(["--scaling", sizes], RESULTS / f"scaling-{stamp}.json")["scaling"]
+    lines = [
+        "| Services x endpoints | one endpoint change, incremental | forced full resync | "
+        "C tools reloading the state |",
+        "| --- | --- | --- | --- |",
+    ]
+    for p in points:
+        lines.append(
+            f"| {p['services']:,} x {p['endpoints']} | {p['incremental_s'] * 1e3:.1f} ms | "
+            f"{p['full_resync_s']:.2f} s | {p['c_tools_reload_s']:.1f} s |"
+        )
+    text = "\n".join(lines) + "\n"
+    (RESULTS / f"scaling-{stamp}.md").write_text(text)
+    title = "One endpoint change vs cluster size (User-Mode Linux kernel, 2 cores)"
+    for path in (RESULTS / f"scaling-{stamp}.png", SCALING_CHART):
+        chart.draw(points, path, title)
+    print(text)
+    print(f"bench: chart written to {SCALING_CHART} and {RESULTS}/scaling-{stamp}.png")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     p.add_argument("--services", type=int, default=10_000, help="host benchmark size")
@@ -137,16 +164,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="1000x10,5000x10", help="kernel cold-sync sizes")
     p.add_argument("--scale", default="5000x10", help="kernel one-change and restart size")
     p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--memory", default="5000x10,10000x10", help="peak RSS sizes")
     p.add_argument("--host-only", action="store_true", help="skip the kernel lab")
+    p.add_argument(
+        "--scaling",
+        metavar="SxE,...",
+        help="only the scaling run at these sizes (make bench-scaling), and its chart",
+    )
     args = p.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    if args.scaling:
+        return scaling(args.scaling, stamp)
     print(f"bench: host benchmark at {args.services:,} x {args.endpoints}", flush=True)
     h = host.run(args.services, args.endpoints)
     k = None
     if not args.host_only:
         print(f"bench: kernel benchmark ({args.sizes}; {args.scale})", flush=True)
-        k = run_kernel(args, RESULTS / f"kernel-{stamp}.json")
+        bench_args = ["--sizes", args.sizes, "--scale", args.scale, "--pairs", str(args.pairs)]
+        bench_args += ["--memory", args.memory]
+        k = run_kernel(bench_args, RESULTS / f"kernel-{stamp}.json")
     text = report(h, k)
     (RESULTS / f"bench-{stamp}.md").write_text(text)
     (RESULTS / f"bench-{stamp}.json").write_text(json.dumps({"host": h, "kernel": k}, indent=2))

@@ -2,65 +2,54 @@
 
 ``python -m bench.host [--services N] [--endpoints E] [--json]``
 
-Everything runs through the functions the Dataplane itself uses: ``Dataplane.update_service``
-(plan_service + DesiredState.update), the dataplane's pure diff step (``all_keys``,
-``address_ops``, ``service_ops``, ``member_ops``), ``rules.render``, ``Dataplane._record`` for
-the cache bookkeeping, and the backends' own encoders (``backends.ipvs.encode``,
-``backends.addresses.encode``, ``backends.ipset.encode``). Only the system calls are left out:
-the encoded requests are counted, never sent, and every operation is taken as accepted.
+The real ``Dataplane`` runs its real ``sync()`` with the real IPVS, ipset and address backends,
+whose netlink socket is replaced by one that sends nothing (``HostSocket``): every request is
+encoded by the backends as for the kernel, counted, and taken as accepted. The kernel they stand
+for holds exactly what was written (a real server read back to drain is what was recorded), the
+iptables rules are rendered but not restored, and the state file is written to a temporary
+folder. The garbage collector is handled as the daemon handles it (``gcpolicy``).
 
-1. Cold sync of the synthetic cluster (``bench.synthetic``), as the first ``sync()`` (a
-   reconcile of an empty kernel) does it: every Service planned, everything diffed against an
-   empty kernel, every netlink message of the IPVS, address and ipset backends encoded, the
-   iptables rules rendered. Median of 3 runs. Figures: the planner (plan + diff) in total and
-   per Service; and the host CPU per real server (plan + diff + rules + encode + record: the
-   issue's "planning + diffing + encoding", and the cache bookkeeping a real sync does too).
-2. One change in that cluster, as ``update_service`` + an incremental ``sync()`` (which diffs
-   only the keys the change touched): one endpoint added, removed, flipped not ready, and one
-   Service added and deleted, in the Service with the most virtual servers. Median of 101 runs
-   each; each timed change is undone (untimed) before the next. The real sync also reads back
-   the dump of each virtual server that loses a real server (draining needs the kernel's
-   connection counts): that is I/O, counted as ``reads``, not timed.
+1. Cold sync of the synthetic cluster (``bench.synthetic``), as the daemon's first sync does
+   it: every Service planned (``update_service``), then the first ``sync()`` (a reconcile of
+   an empty kernel: diff everything, encode every message, record, render the rules, save the
+   state file), then the collector's one pass after a full sync. Median of 3 runs. Figures:
+   the planner (plan + diff) in total and per Service; and the host CPU per real server of all
+   of it (the issue's "planning + diffing + encoding", and the bookkeeping a sync does too).
+2. One change in that cluster, as ``update_service`` + an incremental ``sync()``: one endpoint
+   added, removed, flipped not ready, and one Service added and deleted, in the Service with
+   the most virtual servers. Median of 101 runs each; each timed change is undone (untimed)
+   before the next.
 
-Times are wall-clock (``time.perf_counter``) with Python's cyclic garbage collector running as
-it does in the daemon; the time it took is also shown apart (``gc_s``, through
-``gc.callbacks``). The state file a real sync saves afterwards is JSON written to disk: shown
-apart (``state_save_ms``), not in any of the totals.
+Times are wall-clock (``time.perf_counter``).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench import synthetic
+from ipvsproxy import gcpolicy, rules
 from ipvsproxy import ipsets as S
-from ipvsproxy import rules
-from ipvsproxy.backends import addresses as addresses_backend
-from ipvsproxy.backends import ipset as ipset_backend
-from ipvsproxy.backends import ipvs as ipvs_backend
-from ipvsproxy.dataplane import (
-    Backends,
-    Dataplane,
-    _Observed,
-    address_ops,
-    all_keys,
-    member_ops,
-    service_ops,
-)
-from ipvsproxy.desired import Changes
-from ipvsproxy.diff import AddressOp, DestOp, MemberOp, OpKind, ServiceOp
-from ipvsproxy.model import SERVICE_ORDER, DestKey, ServiceKey
-from ipvsproxy.netlink import ipvs_messages
+from ipvsproxy.backends.addresses import Addresses
+from ipvsproxy.backends.errors import Counters
+from ipvsproxy.backends.ipset import IPSets
+from ipvsproxy.backends.iptables import Observed
+from ipvsproxy.backends.ipvs import IPVS
+from ipvsproxy.backends.sysctl import Sysctls, required
+from ipvsproxy.dataplane import Backends, Dataplane, SyncResult
+from ipvsproxy.model import DestKey, ObservedDest, ServiceKey
+from ipvsproxy.netlink import codec
+from ipvsproxy.netlink.sock import Outcome
 from ipvsproxy.plan import NodeFacts
+from ipvsproxy.rules import Jump
 
 NODE_IP = "192.168.56.11"
 NODE = NodeFacts(
@@ -76,37 +65,169 @@ COLD_RUNS = 3
 CHANGE_RUNS = 101
 CHANGE_TARGET_US = 1000.0
 PER_REAL_SERVER_TARGET_US = 10.0
-PHASES = ("plan", "diff", "rules", "encode", "record")
+# plan: update_service; encode: the backends' apply (encode, outcomes, counters); save: the
+# state file; sync: the rest of sync() (read back, diff, record, rules); gc: the collector's
+# pass after a full sync.
+PHASES = ("plan", "sync", "encode", "save", "gc")
+
+
+class HostSocket:
+    """A netlink socket that sends nothing: requests are counted, all accepted; dumps empty."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.requests = 0
+        self.bytes = 0
+        self.sends = 0
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def execute(self, requests: Sequence[tuple[int, bytes]]) -> list[Outcome]:
+        self.requests += len(requests)
+        self.bytes += sum(len(msg) for _, msg in requests)
+        self.sends += 1
+        return [Outcome(seq, 0) for seq, _ in requests]
+
+    def dump(self, request: bytes, seq: int) -> Iterator[codec.Message]:
+        return iter(())
+
+    def close(self) -> None:
+        pass
+
+
+class HostIPVS(IPVS):
+    """Real servers read back (to drain) are what was recorded as written."""
+
+    def __init__(self, sock: Any) -> None:
+        super().__init__(sock, IPVS_FAMILY_ID)
+        self.dataplane: Dataplane | None = None
+        self.reads = 0
+
+    def dests(self, key: ServiceKey) -> dict[DestKey, ObservedDest]:
+        self.reads += 1
+        assert self.dataplane is not None and self.dataplane.observed is not None
+        return dict(self.dataplane.observed.dests.get(key, {}))
+
+
+class HostIPSets(IPSets):
+    """Every set exists, empty (their creation is not the hot path)."""
+
+    def read(self) -> dict[str, set[str]]:
+        return {name: set() for name in S.NAMES}
+
+
+class HostAddresses(Addresses):
+    def ensure_device(self) -> int:
+        return DUMMY_IFINDEX
+
+    def device_index(self) -> int | None:
+        return DUMMY_IFINDEX
+
+
+class HostIPTables:
+    """Rules rendered by the dataplane; no iptables-restore here."""
+
+    def __init__(self) -> None:
+        self.counters = Counters()
+        self.restore_failures = 0
+
+    def read(self) -> Observed:
+        return Observed("", ())
+
+    def apply(self, text: str, missing_jumps: Sequence[Jump] = ()) -> None:
+        self.counters.count("restore", True)
 
 
 class _NoConntrack:
     """Conntrack entries of deleted UDP real servers are not flushed here (that is I/O)."""
 
-    def forget(self, service: ServiceKey, dest: DestKey) -> None:
+    counters = Counters()
+
+    def forget(self, service: ServiceKey, dest: DestKey) -> int:
+        return 0
+
+    def close(self) -> None:
         pass
 
 
-def new_dataplane(state_dir: Path) -> Dataplane:
-    """A Dataplane without backends, its kernel cache as after reading an empty kernel."""
-    unused: Any = None  # nothing here reaches a backend but conntrack's forget
+T = TypeVar("T")
+
+
+class Timed:
+    """Wraps a callable; adds the seconds it took to ``seconds[phase]``."""
+
+    def __init__(self, fn: Callable[..., T], seconds: dict[str, float], phase: str) -> None:
+        self.fn, self.seconds, self.phase = fn, seconds, phase
+
+    def __call__(self, *args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.fn(*args)
+        finally:
+            self.seconds[self.phase] += time.perf_counter() - start
+
+
+@dataclass
+class Host:
+    """A Dataplane over the host's stand-in backends, with its phase clock."""
+
+    dp: Dataplane
+    sockets: dict[str, HostSocket]
+    ipvs: HostIPVS
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    def messages(self) -> dict[str, int]:
+        return {name: s.requests for name, s in self.sockets.items()}
+
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.sockets.values())
+
+    def phase_clock(self) -> None:
+        """Time the backends' apply (encode) and the state file's save apart from the sync."""
+        b = self.dp.b
+        for backend in (b.ipvs, b.ipsets, b.addresses):
+            backend.apply = Timed(backend.apply, self.seconds, "encode")  # type: ignore[method-assign,assignment]
+        sf = self.dp.statefile
+        sf.save = Timed(sf.save, self.seconds, "save")  # type: ignore[method-assign,assignment]
+
+
+def new_host(state_dir: Path) -> Host:
+    sockets = {"ipvs": HostSocket(), "addresses": HostSocket(), "ipsets": HostSocket()}
+    sysctl_root = state_dir / "sys"
+    for name, value in required(False).items():
+        (sysctl_root / name).parent.mkdir(parents=True, exist_ok=True)
+        (sysctl_root / name).write_text(value)
+    ipvs = HostIPVS(sockets["ipvs"])
     conntrack: Any = _NoConntrack()
-    backends = Backends(unused, unused, unused, unused, conntrack, unused)
-    dp = Dataplane(NODE, backends, state_dir / "state.json", rules_config=RULES)
-    dp.observed = _Observed({}, {}, set(), {name: set() for name in S.NAMES}, None)
-    return dp
+    iptables: Any = HostIPTables()
+    backends = Backends(
+        ipvs,
+        HostAddresses(sock=sockets["addresses"]),  # type: ignore[arg-type]
+        HostIPSets(sockets["ipsets"]),  # type: ignore[arg-type]
+        iptables,
+        conntrack,
+        Sysctls(sysctl_root),
+    )
+    dp = Dataplane(
+        NODE, backends, state_dir / f"state-{time.monotonic_ns()}.json", rules_config=RULES
+    )
+    ipvs.dataplane = dp
+    host = Host(dp, sockets, ipvs)
+    host.phase_clock()
+    return host
 
 
 @dataclass
 class SyncWork:
     """The host-side work of one sync: seconds per phase and what would be sent."""
 
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    messages: dict[str, int] = field(
-        default_factory=lambda: {"ipvs": 0, "addresses": 0, "ipsets": 0}
-    )
-    bytes: int = 0
-    reads: int = 0  # virtual servers the real sync would read back first (to drain)
-    gc_seconds: float = 0.0  # of the phases' time, spent in the cyclic garbage collector
+    seconds: dict[str, float]
+    messages: dict[str, int]
+    bytes: int
+    writes: int
+    reads: int  # virtual servers read back from the kernel (to drain)
 
     @property
     def total(self) -> float:
@@ -114,160 +235,72 @@ class SyncWork:
 
     @property
     def planner(self) -> float:
-        return self.seconds["plan"] + self.seconds["diff"]
+        """plan + diff: everything but encoding, the state file and the collector."""
+        return self.seconds["plan"] + self.seconds["sync"]
 
 
-class GCClock:
-    """Time spent in the cyclic garbage collector while in use (through ``gc.callbacks``)."""
+def _synced(host: Host, event: Callable[[], None]) -> SyncWork:
+    """``event`` (update_service calls), then one sync, as the daemon's runner does them."""
+    seconds, dp = host.seconds, host.dp
+    for phase in PHASES:
+        seconds[phase] = 0.0
+    messages, size, reads = host.messages(), host.bytes(), host.ipvs.reads
+    results: list[SyncResult] = []
 
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._start = 0.0
-
-    def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._start = time.perf_counter()
-        else:
-            self.seconds += time.perf_counter() - self._start
-
-    def __enter__(self) -> GCClock:
-        gc.callbacks.append(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        gc.callbacks.remove(self)
-
-
-class Seq:
-    def __init__(self) -> None:
-        self.value = 0
-
-    def next(self) -> int:
-        self.value += 1
-        return self.value
-
-
-def converge(dp: Dataplane, changes: Changes, work: SyncWork) -> None:
-    """``Dataplane._converge`` without system calls: diff, render, encode, record."""
-    obs = dp.observed
-    assert obs is not None
-    clock = time.perf_counter
-    t0 = clock()
-    # The diff step of _bind, _services, _members and _unbind, in that order.
-    binds = [
-        op
-        for op in address_ops(dp.desired, changes.addresses, obs.bound, dp.owns_address)
-        if op.kind is OpKind.ADD
-    ]
-    for key in sorted(changes.services, key=SERVICE_ORDER):  # as _services does, minus reads
-        if key not in dp.desired.virtual_servers:
-            continue
-        want = dp.desired.real_servers[key]
-        if any(d not in want for d in obs.dests.get(key, {})):
-            work.reads += 1
-    ipvs_ops = service_ops(
-        dp.desired, changes.services, obs.services, obs.dests, dp.owns_service, dp._expired
-    )
-    members = member_ops(dp.desired, changes.members, obs.members)
-    unbinds = [
-        op
-        for op in address_ops(dp.desired, changes.addresses, obs.bound, dp.owns_address)
-        if op.kind is OpKind.DELETE
-    ]
-    t1 = clock()
-    text = rules.render(dp.rules_config, dp.desired.nonempty_sets(), dp.desired.out_filters())
-    t2 = clock()
-    seq = Seq()
-    enc = ipvs_messages.Encoder(IPVS_FAMILY_ID)
-    size = 0
-    for aop in binds:
-        size += len(addresses_backend.encode(seq.next(), DUMMY_IFINDEX, aop))
-    for iop in ipvs_ops:
-        size += len(ipvs_backend.encode(enc, seq.next(), iop))
-    for mop in members:
-        size += len(ipset_backend.encode(seq.next(), mop))
-    for aop in unbinds:
-        size += len(addresses_backend.encode(seq.next(), DUMMY_IFINDEX, aop))
-    t3 = clock()
-    _record_all(dp, binds, ipvs_ops, members, unbinds)
-    if text != obs.rules_text:
-        obs.rules_text = text
-    t4 = clock()
-    for phase, seconds in zip(PHASES[1:], (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
-        work.seconds[phase] += seconds
-    work.messages["ipvs"] += len(ipvs_ops)
-    work.messages["addresses"] += len(binds) + len(unbinds)
-    work.messages["ipsets"] += len(members)
-    work.bytes += size
-
-
-def _record_all(
-    dp: Dataplane,
-    binds: list[AddressOp],
-    ipvs_ops: list[ServiceOp | DestOp],
-    members: list[MemberOp],
-    unbinds: list[AddressOp],
-) -> None:
-    """What the Dataplane's steps record once the kernel has accepted everything."""
-    obs = dp.observed
-    assert obs is not None
-    obs.bound.update(op.address for op in binds)
-    dp._record(ipvs_ops)
-    for op in members:
-        target = obs.members.setdefault(op.set_name, set())
-        (target.add if op.kind is OpKind.ADD else target.discard)(op.entry)
-    obs.bound.difference_update(op.address for op in unbinds)
-
-
-def plan(dp: Dataplane, entries: list[synthetic.ServiceEntry], work: SyncWork) -> None:
-    """What the daemon does per event: ``update_service`` for each Service."""
-    start = time.perf_counter()
-    for key, svc, slices in entries:
-        error = dp.update_service(key, svc, slices)
-        if error is not None:
-            raise RuntimeError(error)
-    work.seconds["plan"] += time.perf_counter() - start
-
-
-def cold_sync(dp: Dataplane, cluster: list[synthetic.ServiceEntry]) -> SyncWork:
-    """The first sync: every Service planned, then a reconcile against an empty kernel."""
-    work = SyncWork()
-    with GCClock() as gc_clock:
-        plan(dp, cluster, work)
-        obs = dp.observed
-        assert obs is not None
+    def replan_and_sync() -> SyncResult:
         start = time.perf_counter()
-        dp.pending = Changes()  # reconcile drops what is pending and compares everything
-        everything = all_keys(dp.desired, obs.services, obs.bound, obs.members)
-        work.seconds["diff"] += time.perf_counter() - start
-        converge(dp, everything, work)
-    work.gc_seconds = gc_clock.seconds
-    return work
+        event()
+        seconds["plan"] += time.perf_counter() - start
+        start = time.perf_counter()
+        results.append(dp.sync())
+        seconds["sync"] += time.perf_counter() - start
+        return results[0]
+
+    start = time.perf_counter()
+    gcpolicy.paused_for(replan_and_sync, lambda r: r.full)
+    total = time.perf_counter() - start
+    result = results[0]
+    if result.errors:
+        raise RuntimeError(f"sync failed: {result.errors[:3]}")
+    seconds["sync"] -= seconds["encode"] + seconds["save"]
+    seconds["gc"] = total - seconds["plan"] - seconds["sync"] - seconds["encode"] - seconds["save"]
+    now = host.messages()
+    return SyncWork(
+        dict(seconds),
+        {k: now[k] - messages[k] for k in now},
+        host.bytes() - size,
+        result.writes,
+        host.ipvs.reads - reads,
+    )
+
+
+Entry = tuple[str, dict[str, Any] | None, list[dict[str, Any]]]
+
+
+def update_all(dp: Dataplane, entries: Sequence[Entry]) -> Callable[[], None]:
+    def run() -> None:
+        for key, svc, slices in entries:
+            error = dp.update_service(key, svc, slices)
+            if error is not None:
+                raise RuntimeError(error)
+
+    return run
+
+
+def cold_sync(host: Host, cluster: list[synthetic.ServiceEntry]) -> SyncWork:
+    """The first sync: every Service planned, then a reconcile against an empty kernel."""
+    return _synced(host, update_all(host.dp, cluster))
 
 
 def one_change(
-    dp: Dataplane, key: str, svc: dict[str, Any] | None, slices: list[dict[str, Any]]
+    host: Host, key: str, svc: dict[str, Any] | None, slices: list[dict[str, Any]]
 ) -> SyncWork:
     """One event (``svc`` None: the Service was deleted) and the incremental sync after it."""
-    work = SyncWork()
-    with GCClock() as gc_clock:
-        start = time.perf_counter()
-        error = dp.update_service(key, svc, slices)
-        work.seconds["plan"] += time.perf_counter() - start
-        if error is not None:
-            raise RuntimeError(error)
-        changes, dp.pending = dp.pending, Changes()
-        converge(dp, changes, work)
-    work.gc_seconds = gc_clock.seconds
-    return work
+    return _synced(host, update_all(host.dp, [(key, svc, slices)]))
 
 
 def _median(values: list[float]) -> float:
     return statistics.median(values)
-
-
-def _quiet() -> None:
-    gc.collect()
 
 
 def measure_cold(
@@ -278,14 +311,14 @@ def measure_cold(
     facts: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(runs):
-            dp = new_dataplane(Path(tmp))
-            _quiet()
-            works.append(cold_sync(dp, cluster))
+            host = new_host(Path(tmp))
+            works.append(cold_sync(host, cluster))
+            dp = host.dp
             facts = {
                 "virtual_servers": len(dp.desired.virtual_servers),
                 "real_servers": sum(len(rs) for rs in dp.desired.real_servers.values()),
             }
-            del dp
+            del host, dp
     real_servers = facts["real_servers"]
     planner_s = _median([w.planner for w in works])
     total_s = _median([w.total for w in works])
@@ -298,15 +331,9 @@ def measure_cold(
         "planner_us_per_service": planner_s / services * 1e6 if services else 0.0,
         "total_s": total_s,
         "us_per_real_server": total_s / real_servers * 1e6 if real_servers else 0.0,
-        # Included in the figures above; apart, to show what the code itself costs.
-        "gc_s": _median([w.gc_seconds for w in works]),
-        "us_per_real_server_without_gc": (
-            _median([w.total - w.gc_seconds for w in works]) / real_servers * 1e6
-            if real_servers
-            else 0.0
-        ),
         "messages": dict(last.messages),
         "message_bytes": last.bytes,
+        "writes": last.writes,
     }
 
 
@@ -322,8 +349,9 @@ def measure_changes(
     cluster = synthetic.cluster(services, endpoints, seed)
     out: dict[str, Any] = {"runs": runs}
     with tempfile.TemporaryDirectory() as tmp:
-        dp = new_dataplane(Path(tmp))
-        cold_sync(dp, cluster)
+        host = new_host(Path(tmp))
+        cold_sync(host, cluster)
+        dp = host.dp
         index = _busiest(dp, cluster)
         key, svc, base = cluster[index]
         out["service"] = key
@@ -333,27 +361,26 @@ def measure_changes(
         Step = Callable[[], SyncWork]
         cases: dict[str, tuple[Step, Step]] = {
             "endpoint_added": (
-                _event(dp, key, svc, synthetic.with_endpoint_added(base)),
-                _event(dp, key, svc, base),
+                _event(host, key, svc, synthetic.with_endpoint_added(base)),
+                _event(host, key, svc, base),
             ),
             "endpoint_removed": (
-                _event(dp, key, svc, synthetic.with_endpoint_removed(base)),
-                _event(dp, key, svc, base),
+                _event(host, key, svc, synthetic.with_endpoint_removed(base)),
+                _event(host, key, svc, base),
             ),
             "endpoint_not_ready": (
-                _event(dp, key, svc, synthetic.with_endpoint_not_ready(base)),
-                _event(dp, key, svc, base),
+                _event(host, key, svc, synthetic.with_endpoint_not_ready(base)),
+                _event(host, key, svc, base),
             ),
             "service_added": (
-                _event(dp, new_key, new_svc, new_slices),
-                _event(dp, new_key, None, []),
+                _event(host, new_key, new_svc, new_slices),
+                _event(host, new_key, None, []),
             ),
             "service_deleted": (
-                _event(dp, key, None, []),
-                _event(dp, key, svc, base),
+                _event(host, key, None, []),
+                _event(host, key, svc, base),
             ),
         }
-        _quiet()
         for name, (change, undo) in cases.items():
             works = []
             for _ in range(runs):
@@ -364,20 +391,17 @@ def measure_changes(
                 "planner_us": _median([w.planner for w in works]) * 1e6,
                 "total_us": _median([w.total for w in works]) * 1e6,
                 "phases_us": {p: _median([w.seconds[p] for w in works]) * 1e6 for p in PHASES},
-                "gc_us": _median([w.gc_seconds for w in works]) * 1e6,
                 "messages": sum(first.messages.values()),
+                "writes": first.writes,
                 "reads": first.reads,
             }
-        start = time.perf_counter()
-        dp.statefile.save(dp.state)  # the full state: what a sync after a change rewrites
-        out["state_save_ms"] = (time.perf_counter() - start) * 1e3
     return out
 
 
 def _event(
-    dp: Dataplane, key: str, svc: dict[str, Any] | None, slices: list[dict[str, Any]]
+    host: Host, key: str, svc: dict[str, Any] | None, slices: list[dict[str, Any]]
 ) -> Callable[[], SyncWork]:
-    return lambda: one_change(dp, key, svc, slices)
+    return lambda: one_change(host, key, svc, slices)
 
 
 CHANGES = (
@@ -434,8 +458,6 @@ def table(result: dict[str, Any]) -> str:
         f" ({cold['message_bytes'] / 1e6:.1f} MB)",
         f"  host CPU, all phases         {cold['total_s']:8.3f} s"
         f"   {cold['us_per_real_server']:8.2f} us/real server   (target <= 10)",
-        f"    of which cyclic GC         {cold['gc_s']:8.3f} s"
-        f"   without it: {cold['us_per_real_server_without_gc']:.2f} us/real server",
         "",
         f"One change in {change['service']} ({change['virtual_servers']} virtual servers),"
         f" median of {change['runs']}",
@@ -449,7 +471,6 @@ def table(result: dict[str, Any]) -> str:
             f" {c['messages']:9d}   {phases}"
         )
     lines += [
-        f"  state file save after a change (not counted above): {change['state_save_ms']:.1f} ms",
         "",
         "Targets",
         f"  one endpoint change < 1 ms (plan + diff, worst of 3):"

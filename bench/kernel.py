@@ -32,7 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench import synthetic
+from bench import memory, synthetic
 from ipvsproxy.dataplane import Dataplane, SyncResult
 from lab.topology import Node
 from tests.kernel.dataplane_helpers import NodeDataplane
@@ -202,6 +202,12 @@ def _real_servers(cluster: Cluster, workdir: Path) -> list[Any]:
 # -- one change at scale, forced full resync, restart ------------------------------------------
 
 
+def sends(n: NodeDataplane) -> int:
+    """System calls that carried netlink requests, so far."""
+    b = n.backends
+    return b.ipvs.sock.sends + b.addresses.sock.sends + b.ipsets.sock.sends
+
+
 def timed(fn: Callable[[], SyncResult]) -> tuple[float, int]:
     """Seconds and netlink write operations of one sync."""
     start = time.perf_counter()
@@ -261,16 +267,27 @@ def at_scale(services: int, endpoints: int, workdir: Path) -> dict[str, Any]:
     with node(state) as n:
         n.run(program(cluster))
         for what, event in changes(cluster):
+            before = sends(n)
             seconds, writes = timed(partial(n.run, one_event(event)))
+            calls = sends(n) - before
             current[event[0]] = (event[1], event[2])
             # The same state once more, the full way: it must find nothing left to write.
             full_s, full_w = timed(partial(n.run, full_resync(current)))
             if full_w:
                 raise RuntimeError(f"after {what}, a full resync still wrote {full_w} times")
             out["changes"].append(
-                {"change": what, "seconds": seconds, "writes": writes, "full_resync_s": full_s}
+                {
+                    "change": what,
+                    "seconds": seconds,
+                    "writes": writes,
+                    "sends": calls,
+                    "full_resync_s": full_s,
+                }
             )
-            progress(f"{what}: {seconds * 1e3:.1f} ms, {writes} writes; full {full_s:.2f} s")
+            progress(
+                f"{what}: {seconds * 1e3:.1f} ms, {writes} writes in {calls} system calls; "
+                f"full {full_s:.2f} s"
+            )
         out["full_resync_s"] = statistics.median(c["full_resync_s"] for c in out["changes"])
     # Restart: a new process's Dataplane over the programmed kernel, same state file.
     final = [(k, s, sl) for k, (s, sl) in current.items() if s is not None]
@@ -281,6 +298,52 @@ def at_scale(services: int, endpoints: int, workdir: Path) -> dict[str, Any]:
         progress(f"restart: {out['restart']['seconds']:.2f} s, {result.writes} writes")
     wipe()
     return out
+
+
+# -- scaling: one endpoint change against the size of the cluster ------------------------------
+
+
+def scaling_point(services: int, endpoints: int, workdir: Path, repeats: int = 3) -> dict[str, Any]:
+    """At one size: one endpoint change incrementally, the same as a forced full resync, and
+    the C tools loading the whole state (what a design that reloads everything does per
+    change), each the median of ``repeats``."""
+    cluster = synthetic.cluster(services, endpoints)
+    key, svc, slices = cluster[len(cluster) // 2]
+    current: dict[str, tuple[dict[str, Any] | None, list[dict[str, Any]]]] = {
+        k: (sv, sl) for k, sv, sl in cluster
+    }
+    wipe()
+    incremental: list[float] = []
+    full: list[float] = []
+    with node(workdir / f"scaling-{services}.json") as n:
+        n.run(program(cluster))
+        for _ in range(repeats):
+            for changed in (synthetic.with_endpoint_added(slices), slices):
+                seconds, _ = timed(partial(n.run, one_event((key, svc, changed))))
+                incremental.append(seconds)
+                current[key] = (svc, changed)
+                full_s, full_w = timed(partial(n.run, full_resync(current)))
+                if full_w:
+                    raise RuntimeError(f"a full resync at {services} still wrote {full_w} times")
+                full.append(full_s)
+    snap = snapshot()
+    c_tools: list[float] = []
+    for _ in range(repeats):
+        wipe()
+        c_tools.append(c_tools_cold(snap, workdir))
+    wipe()
+    point = {
+        "services": services,
+        "endpoints": endpoints,
+        "incremental_s": statistics.median(incremental),
+        "full_resync_s": statistics.median(full),
+        "c_tools_reload_s": statistics.median(c_tools),
+    }
+    progress(
+        f"scaling {services}x{endpoints}: one change {point['incremental_s'] * 1e3:.1f} ms, "
+        f"full resync {point['full_resync_s']:.2f} s, C tools {point['c_tools_reload_s']:.1f} s"
+    )
+    return point
 
 
 def profile(size: str, workdir: Path) -> int:
@@ -311,10 +374,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sizes", default="1000x10,5000x10", help="cold-sync sizes, SxE,...")
     p.add_argument("--scale", default="5000x10", help="size for one change and restart")
     p.add_argument("--pairs", type=int, default=3, help="alternating pairs per cold size")
+    p.add_argument(
+        "--memory", default="5000x10,10000x10", help="peak RSS of ipvsproxy run at SxE,..."
+    )
     p.add_argument("--output", type=Path, help="write the results as JSON here")
     p.add_argument(
         "--profile", metavar="SxE", help="only profile one ipvsproxy cold sync of this size"
     )
+    p.add_argument("--scaling", metavar="SxE,...", help="only the scaling run, at these sizes")
     args = p.parse_args(argv)
     if not os.environ.get("LAB_IN_GUEST"):
         print("bench.kernel runs inside the lab guest: python -m lab run -- ...", file=sys.stderr)
@@ -324,12 +391,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(tmp)
         if args.profile:
             return profile(args.profile, work)
+        if args.scaling:
+            points = []
+            for size in args.scaling.split(","):
+                s, e = (int(x) for x in size.split("x"))
+                points.append(scaling_point(s, e, work))
+            text = json.dumps({"scaling": points}, indent=2)
+            if args.output:
+                args.output.write_text(text)
+            else:
+                print(text)
+            return 0
         results: dict[str, Any] = {"cold": [], "scale": None}
         for size in filter(None, args.sizes.split(",")):
             s, e = (int(x) for x in size.split("x"))
             results["cold"].append(cold_sync(s, e, args.pairs, work))
         s, e = (int(x) for x in args.scale.split("x"))
         results["scale"] = at_scale(s, e, work)
+        results["memory"] = []
+        for size in filter(None, args.memory.split(",")):
+            s, e = (int(x) for x in size.split("x"))
+            wipe()
+            m = memory.peak_rss(s, e, NS, NODE.name, NODE_IP, work)
+            progress(
+                f"memory {size}: peak RSS {m['peak_rss_mib']:.0f} MiB, first sync "
+                f"{m['first_sync_s']:.1f} s"
+            )
+            results["memory"].append(m)
+        wipe()
     text = json.dumps(results, indent=2)
     if args.output:
         args.output.write_text(text)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ipvsproxy import statusview
+from ipvsproxy import gcpolicy, statusview
 from ipvsproxy.config import ProxyConfig
 from ipvsproxy.dataplane import Backends, Dataplane, SyncResult
 from ipvsproxy.events import EventRecorder
@@ -156,8 +156,13 @@ class Proxy:
 
     def _converge(self, how: Callable[[], SyncResult]) -> SyncResult:
         with self.sync_lock:
-            dirty = self._replan()
-            result = how()
+            dirty: dict[str, float | None] = {}
+
+            def replan_and_sync() -> SyncResult:
+                dirty.update(self._replan())
+                return how()
+
+            result = gcpolicy.paused_for(replan_and_sync, lambda r: r.full)
             self._record(result, dirty)
         self._health_checks()
         return result

@@ -6,7 +6,7 @@ import errno
 import socket
 from collections.abc import Sequence
 
-from ipvsproxy.backends.errors import Counters, Result, settle
+from ipvsproxy.backends.errors import Counters, settle_batch
 from ipvsproxy.diff import AddressOp, OpKind
 from ipvsproxy.netlink import rtnl_messages as r
 from ipvsproxy.netlink.sock import NETLINK_ROUTE, NetlinkSocket
@@ -21,9 +21,9 @@ def encode(seq: int, ifindex: int, op: AddressOp) -> bytes:
 
 
 class Addresses:
-    def __init__(self, device: str = DUMMY_DEVICE) -> None:
+    def __init__(self, device: str = DUMMY_DEVICE, sock: NetlinkSocket | None = None) -> None:
         self.device = device
-        self.sock = NetlinkSocket(NETLINK_ROUTE)
+        self.sock = sock or NetlinkSocket(NETLINK_ROUTE)
         self.counters = Counters()
 
     def close(self) -> None:
@@ -89,8 +89,10 @@ class Addresses:
         for op in ops:
             seq = self.sock.next_seq()
             requests.append((seq, encode(seq, index, op)))
-        results = [
-            Result(f"{op.kind}_address", f"{op} on {self.device}", o.errno)
-            for op, o in zip(ops, self.sock.execute(requests), strict=True)
-        ]
-        return settle(results, self.counters)
+        outcomes = self.sock.execute(requests)
+        return settle_batch(
+            [f"{op.kind}_address" for op in ops],
+            [o.errno for o in outcomes],
+            lambda i: f"{ops[i]} on {self.device}",
+            self.counters,
+        )

@@ -4,7 +4,7 @@ nothing fails silently in a batch."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -62,12 +62,23 @@ class Result:
 
 def settle(results: Sequence[Result], counters: Counters) -> int:
     """Count every outcome; raise ApplyError naming the rejected ones, else return the count."""
-    rejected, failed = [], set()
-    for i, r in enumerate(results):
-        counters.count(r.kind, r.errno == 0)
-        if r.errno:
-            rejected.append(Rejected(r.what, r.errno))
-            failed.add(i)
-    if rejected:
-        raise ApplyError(rejected, len(results) - len(rejected), frozenset(failed))
-    return len(results)
+    return settle_batch(
+        [r.kind for r in results], [r.errno for r in results], lambda i: results[i].what, counters
+    )
+
+
+def settle_batch(
+    kinds: Sequence[str], errnos: Sequence[int], describe: Callable[[int], str], counters: Counters
+) -> int:
+    """``settle`` for a batch of thousands: operation ``i`` is described (``describe(i)``)
+    only if it was rejected, since naming every accepted one cost more than encoding it."""
+    failed = [i for i, e in enumerate(errnos) if e]
+    if not failed:
+        ok = counters.ok
+        for kind in kinds:
+            ok[kind] = ok.get(kind, 0) + 1
+        return len(kinds)
+    for kind, errno in zip(kinds, errnos, strict=True):
+        counters.count(kind, errno == 0)
+    rejected = [Rejected(describe(i), errnos[i]) for i in failed]
+    raise ApplyError(rejected, len(kinds) - len(failed), frozenset(failed))

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from ipvsproxy import ipsets as S
-from ipvsproxy.backends.errors import Counters, Result, settle
+from ipvsproxy.backends.errors import Counters, Result, settle, settle_batch
 from ipvsproxy.diff import MemberOp, OpKind
 from ipvsproxy.netlink import ipset_messages as msgs
 from ipvsproxy.netlink.sock import NETLINK_NETFILTER, NetlinkSocket
@@ -33,10 +33,13 @@ def encode(seq: int, op: MemberOp) -> bytes:
     return msgs.member_message(seq, op.kind is OpKind.ADD, op.set_name, set_type, op.entry)
 
 
+_KINDS = {kind: f"{kind}_member" for kind in OpKind}
+
+
 class IPSets:
-    def __init__(self) -> None:
+    def __init__(self, sock: NetlinkSocket | None = None) -> None:
         self.counters = Counters()
-        self.sock = NetlinkSocket(NETLINK_NETFILTER)
+        self.sock = sock or NetlinkSocket(NETLINK_NETFILTER)
 
     def close(self) -> None:
         self.sock.close()
@@ -68,11 +71,13 @@ class IPSets:
         for op in ops:
             seq = self.sock.next_seq()
             requests.append((seq, encode(seq, op)))
-        results = [
-            Result(f"{op.kind}_member", f"{op}: {msgs.ERRORS.get(o.errno, o.message)}", o.errno)
-            for op, o in zip(ops, self.sock.execute(requests), strict=True)
-        ]
-        return settle(results, self.counters)
+        outcomes = self.sock.execute(requests)
+        kinds = [_KINDS[op.kind] for op in ops]
+
+        def describe(i: int) -> str:
+            return f"{ops[i]}: {msgs.ERRORS.get(outcomes[i].errno, outcomes[i].message)}"
+
+        return settle_batch(kinds, [o.errno for o in outcomes], describe, self.counters)
 
     def destroy(self, names: Iterable[str]) -> None:
         """Flush and destroy sets with our names (never anyone else's)."""

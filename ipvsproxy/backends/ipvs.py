@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ipvsproxy.backends.errors import ApplyError, Counters, Rejected, Result, settle
+from ipvsproxy.backends.errors import ApplyError, Counters, Rejected, settle_batch
 from ipvsproxy.diff import DestOp, OpKind, ServiceOp
 from ipvsproxy.model import DestKey, ObservedDest, ServiceKey, Traffic, VirtualServer
 from ipvsproxy.netlink import ipvs_messages as m
@@ -26,10 +26,20 @@ def encode(enc: m.Encoder, seq: int, op: ServiceOp | DestOp) -> bytes:
     return enc.del_dest(seq, op.service, op.server.key)
 
 
+_KINDS = {
+    (kind, cls): f"{kind}_{name}"
+    for kind in OpKind
+    for cls, name in ((ServiceOp, "service"), (DestOp, "dest"))
+}
+
+
 class IPVS:
-    def __init__(self) -> None:
-        self.sock = NetlinkSocket(NETLINK_GENERIC)
-        self.encoder = m.Encoder(resolve_family(self.sock, m.GENL_NAME))
+    def __init__(self, sock: NetlinkSocket | None = None, family_id: int | None = None) -> None:
+        """``sock`` and ``family_id`` stand in for the kernel's (the host benchmark's)."""
+        self.sock = sock or NetlinkSocket(NETLINK_GENERIC)
+        if family_id is None:
+            family_id = resolve_family(self.sock, m.GENL_NAME)
+        self.encoder = m.Encoder(family_id)
         self.counters = Counters()
 
     def close(self) -> None:
@@ -83,13 +93,10 @@ class IPVS:
             seq = self.sock.next_seq()
             requests.append((seq, encode(self.encoder, seq, op)))
         outcomes = self.sock.execute(requests)
-        results = [
-            Result(
-                f"{op.kind}_{'service' if isinstance(op, ServiceOp) else 'dest'}", str(op), o.errno
-            )
-            for op, o in zip(ops, outcomes, strict=True)
-        ]
-        return settle(results, self.counters)
+        kinds = [_KINDS[op.kind, type(op)] for op in ops]
+        return settle_batch(
+            kinds, [o.errno for o in outcomes], lambda i: str(ops[i]), self.counters
+        )
 
     def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
         seq = self.sock.next_seq()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import kernel
+from bench import kernel, memory
 
 pytestmark = pytest.mark.kernel
 
@@ -38,3 +38,17 @@ def test_the_kernel_benchmark_runs_at_a_smoke_size(tmp_path: Path) -> None:
     assert scale["restart"]["writes"] == 0
     kernel.wipe()
     assert kernel.sh("ipvsadm -Sn") == ""
+
+
+def test_the_memory_benchmark_runs_at_a_smoke_size(tmp_path: Path) -> None:
+    """``ipvsproxy run`` lists the cluster from the in-process API server over HTTP, programs
+    it (every virtual server of it is in the kernel) and its peak RSS is read."""
+    kernel.make_node()
+    planned = kernel.cold_sync(20, 2, pairs=1, workdir=tmp_path)["virtual_servers"]
+    kernel.wipe()
+    m = memory.peak_rss(20, 2, kernel.NS, kernel.NODE.name, kernel.NODE_IP, tmp_path)
+    assert m["services"] == 20
+    assert m["virtual_servers"] == planned  # what the daemon had programmed at its first sync
+    assert 10 < m["peak_rss_mib_first_sync"] <= m["peak_rss_mib"]
+    assert m["first_sync_s"] > 0
+    kernel.wipe()

@@ -1,0 +1,41 @@
+"""The scaling chart: time for one endpoint change against the number of Services."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SERIES = (
+    ("incremental_s", "ipvsproxy, incremental sync", "o-"),
+    ("full_resync_s", "ipvsproxy, forced full resync", "s--"),
+    ("c_tools_reload_s", "C tools reloading the whole state", "^:"),
+)
+
+
+def draw(points: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
+    """A log-log PNG of the three series over the sizes in ``points``."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: files only
+    import matplotlib.pyplot as plt
+
+    if not points:
+        raise ValueError("no scaling points to draw")
+    xs = [p["services"] for p in points]
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for key, label, style in SERIES:
+        ax.plot(xs, [p[key] for p in points], style, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(xs, [f"{x:,}" for x in xs])
+    ax.set_xlabel(f"Services ({points[0]['endpoints']} endpoints each)")
+    ax.set_ylabel("seconds for one endpoint change (log)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

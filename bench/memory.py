@@ -1,0 +1,137 @@
+"""Peak memory of ``ipvsproxy run`` holding a synthetic cluster, inside the lab guest.
+
+The lab API server runs in this process, in the benchmark's node namespace, with the cluster
+(``bench.synthetic``) put straight into its store: created through its API, the synthetic
+cluster would run out of node ports, as a real cluster of that size with every port a NodePort
+would. ``ipvsproxy run`` then lists and watches it over HTTP with the official client, as on a
+real node, programs the kernel, and answers /healthz with 200 once its first sync is done. Its
+peak resident set (VmHWM) is read then, and again after a few more periodic syncs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench import synthetic
+from lab import netns
+from lab.apiserver.server import APIServer
+
+HEALTHZ = "127.0.0.1:10256"
+METRICS = "127.0.0.1:10249"
+SYNC_PERIOD_S = 5.0
+NAMESPACE = "bench"
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
+    md = obj["metadata"]
+    return (str(md.get("namespace", "")), str(md["name"]))
+
+
+def load(server: APIServer, services: int, endpoints: int, node: str, node_ip: str) -> None:
+    """The cluster into the store: Services, their EndpointSlices, a Namespace and the Node."""
+    store = server.store
+    store.put("namespaces", ("", NAMESPACE), {"metadata": {"name": NAMESPACE}})
+    store.put(
+        "nodes",
+        ("", node),
+        {
+            "metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}},
+            "status": {"addresses": [{"type": "InternalIP", "address": node_ip}]},
+        },
+    )
+    for _key_name, svc, slices in synthetic.cluster(services, endpoints):
+        store.put("services", _key(svc), svc)
+        for sl in slices:
+            store.put("endpointslices", _key(sl), sl)
+
+
+def _healthy() -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{HEALTHZ}/healthz", timeout=3) as resp:
+            return int(resp.status) == 200
+    except (OSError, urllib.error.HTTPError):
+        return False
+
+
+def _sync_count() -> float:
+    with urllib.request.urlopen(f"http://{METRICS}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("kubeproxy_sync_proxy_rules_duration_seconds_count"):
+                return float(line.split()[-1])
+    return 0.0
+
+
+def _kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/{pid}/status")
+
+
+def peak_rss(
+    services: int, endpoints: int, ns: str, node: str, node_ip: str, workdir: Path
+) -> dict[str, Any]:
+    """Start ``ipvsproxy run`` over the cluster; its peak RSS after the first sync and later."""
+    with netns.entered(ns):
+        server = APIServer(host="127.0.0.1", port=0).start()
+    kubeconfig = server.write_kubeconfig(workdir / "kubeconfig")
+    log = (workdir / f"ipvsproxy-{services}.log").open("wb")
+    try:
+        load(server, services, endpoints, node, node_ip)
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            [
+                *("ip", "netns", "exec", ns, sys.executable, "-m", "ipvsproxy", "run"),
+                *("--kubeconfig", str(kubeconfig), "--hostname-override", node),
+                *("--cluster-cidr", "10.244.0.0/16"),
+                *("--state-file", str(workdir / f"state-{services}.json")),
+                *("--ipvs-sync-period", f"{SYNC_PERIOD_S:g}s", "--ipvs-min-sync-period", "1s"),
+                *("--healthz-bind-address", HEALTHZ, "--metrics-bind-address", METRICS),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            return _watch(proc, ns, start, services, endpoints)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=120)
+    finally:
+        log.close()
+        server.stop()
+
+
+def _watch(
+    proc: subprocess.Popen[bytes], ns: str, start: float, services: int, endpoints: int
+) -> dict[str, Any]:
+    with netns.entered(ns):
+        while not _healthy():
+            if proc.poll() is not None:
+                raise RuntimeError(f"ipvsproxy run exited with {proc.returncode}")
+            if time.monotonic() - start > 1800:
+                raise RuntimeError("ipvsproxy run did not finish its first sync in 30 minutes")
+            time.sleep(0.5)
+        first_sync_s = time.monotonic() - start
+        after_first = _kib(proc.pid, "VmHWM")
+        table = subprocess.run(["ipvsadm", "-Sn"], capture_output=True, text=True, check=True)
+        programmed = sum(line.startswith("-A ") for line in table.stdout.splitlines())
+        syncs = _sync_count()
+        while _sync_count() < syncs + 3:  # three more full syncs (the sync period is short)
+            if proc.poll() is not None:
+                raise RuntimeError(f"ipvsproxy run exited with {proc.returncode}")
+            time.sleep(1.0)
+    return {
+        "services": services,
+        "endpoints": endpoints,
+        "first_sync_s": first_sync_s,
+        "virtual_servers": programmed,
+        "peak_rss_mib_first_sync": after_first / 1024,
+        "peak_rss_mib": _kib(proc.pid, "VmHWM") / 1024,
+        "rss_mib": _kib(proc.pid, "VmRSS") / 1024,
+    }
