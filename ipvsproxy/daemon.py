@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ipvsproxy import gcpolicy, statusview
+from ipvsproxy import compact, gcpolicy, statusview
 from ipvsproxy.config import ProxyConfig
 from ipvsproxy.dataplane import Backends, Dataplane, SyncResult
 from ipvsproxy.events import EventRecorder
@@ -33,7 +33,7 @@ from ipvsproxy.rules import RulesConfig
 from ipvsproxy.watch import Informer, Obj
 
 log = logging.getLogger("ipvsproxy")
-TRIGGER_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+TRIGGER_ANNOTATION = compact.TRIGGER_ANNOTATION
 
 
 def rules_config(cfg: ProxyConfig) -> RulesConfig:
@@ -416,6 +416,7 @@ def run(cfg: ProxyConfig) -> int:
             stop=proxy.stop,
             label_selector=proxied,
             watch_timeout=watch_timeout,
+            transform=compact.service,
         ),
         Informer(
             "endpointslices",
@@ -424,6 +425,7 @@ def run(cfg: ProxyConfig) -> int:
             stop=proxy.stop,
             label_selector=LABEL_SERVICE_NAME,
             watch_timeout=watch_timeout,
+            transform=compact.endpoint_slice,
         ),
     ]
     proxy.informers.append(

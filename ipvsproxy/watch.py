@@ -71,8 +71,11 @@ class Informer:
         label_selector: str | None = None,
         field_selector: str | None = None,
         max_backoff: float = 30.0,
+        transform: Callable[[Obj], Obj] | None = None,
     ) -> None:
         self.name = name
+        # What the cache keeps of each object (see ipvsproxy.compact); None: all of it.
+        self.transform = transform or dict
         self.list_fn = list_fn
         self.on_change = on_change
         self.stop = stop
@@ -133,7 +136,7 @@ class Informer:
             body = json.loads(resp.data)
             rv = rv or body["metadata"].get("resourceVersion")
             for item in body.get("items") or []:
-                fresh[key_of(item)] = item
+                fresh[key_of(item)] = self.transform(item)
             token = body["metadata"].get("continue")
             if not token:
                 break
@@ -184,6 +187,6 @@ class Informer:
             self.cache.pop(key, None)
             self.on_change(key, old, None)
         else:
-            self.cache[key] = dict(obj)
+            self.cache[key] = self.transform(obj)
             self.on_change(key, old, self.cache[key])
         self.resource_version = rv or self.resource_version

@@ -1,0 +1,122 @@
+"""What the informers keep of each object: the fields ipvsproxy reads, nothing else.
+
+The watch cache holds every Service and EndpointSlice of the cluster for the life of the
+process. As decoded from the API, an endpoint of a slice costs about 1.2 KB in Python (its
+uid, ownerReferences, a conditions dict each, a fresh copy of every node name and namespace);
+at 10,000 Services x 10 endpoints the cache alone was ~175 MiB. Upstream kube-proxy trims its
+informers' objects too (it drops managedFields). Here an object keeps the fields the planner
+(``objects``), the daemon's marks and health checks read; repeated short strings are interned
+and the few distinct conditions are shared. Pure functions of the decoded JSON; the result is
+again plain JSON-shaped dicts, so every reader works on it unchanged. The compacted objects are
+shared and must not be modified.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from ipvsproxy.objects import LABEL_SERVICE_NAME
+
+Obj = dict[str, Any]
+
+TRIGGER_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+_METADATA = ("name", "namespace", "resourceVersion", "deletionTimestamp")
+_SLICE_ENDPOINT = ("nodeName", "zone", "hints", "hostname")
+_CONDITIONS: dict[tuple[Any, Any, Any], Obj] = {}
+
+
+def _intern(value: Any) -> Any:
+    return sys.intern(value) if isinstance(value, str) else value
+
+
+def _metadata(meta: Mapping[str, Any], labels: tuple[str, ...] | None) -> Obj:
+    """name, namespace, resourceVersion (the informer compares it), deletionTimestamp; the
+    labels named in ``labels`` (None: all of them) and the trigger-time annotation."""
+    out: Obj = {k: meta[k] for k in _METADATA if k in meta}
+    if "namespace" in out:
+        out["namespace"] = _intern(out["namespace"])
+    found = meta.get("labels") or {}
+    kept = dict(found) if labels is None else {k: found[k] for k in labels if k in found}
+    if kept:
+        out["labels"] = {_intern(k): _intern(v) for k, v in kept.items()}
+    trigger = (meta.get("annotations") or {}).get(TRIGGER_ANNOTATION)
+    if trigger is not None:
+        out["annotations"] = {TRIGGER_ANNOTATION: trigger}
+    return out
+
+
+def _interned(value: Any) -> Any:
+    """Strings interned all the way down (a Service's spec: types, protocols, policies)."""
+    if isinstance(value, str):
+        return sys.intern(value)
+    if isinstance(value, dict):
+        return {sys.intern(k): _interned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interned(v) for v in value]
+    return value
+
+
+def service(obj: Mapping[str, Any]) -> Obj:
+    """metadata (all labels: proxy-name and headless rules read them), spec, and
+    status.loadBalancer (its ingress IPs are load-balancer VIPs)."""
+    out: Obj = {"metadata": _metadata(obj.get("metadata") or {}, None)}
+    if "spec" in obj:
+        # The selector is the endpoint controller's business, not the proxy's.
+        spec = {k: v for k, v in (obj["spec"] or {}).items() if k != "selector"}
+        out["spec"] = _interned(spec)
+    lb = (obj.get("status") or {}).get("loadBalancer")
+    if lb:
+        out["status"] = {"loadBalancer": _interned(lb)}
+    return out
+
+
+def _conditions(cond: Any) -> Obj | None:
+    if not isinstance(cond, Mapping):
+        return None
+    key = (cond.get("ready"), cond.get("serving"), cond.get("terminating"))
+    if any(v not in (None, True, False) for v in key):
+        return dict(cond)  # malformed: kept as sent, for the planner to judge
+    shared = _CONDITIONS.get(key)
+    if shared is None:
+        names = ("ready", "serving", "terminating")
+        shared = {k: v for k, v in zip(names, key, strict=True) if v is not None}
+        _CONDITIONS[key] = shared
+    return shared
+
+
+def _endpoint(ep: Mapping[str, Any], namespace: Any) -> Obj:
+    out: Obj = {"addresses": list(ep.get("addresses") or [])}
+    cond = _conditions(ep.get("conditions"))
+    if cond is not None:
+        out["conditions"] = cond
+    for k in _SLICE_ENDPOINT:
+        if k in ep:
+            out[k] = _interned(ep[k])
+    ref = ep.get("targetRef")
+    if isinstance(ref, Mapping):
+        kept = {k: _intern(ref[k]) for k in ("kind", "namespace") if k in ref}
+        if kept.get("kind") == "Pod":
+            del kept["kind"]  # the reader's default
+        if kept.get("namespace") == namespace:
+            del kept["namespace"]  # the reader falls back to the slice's own
+        if "name" in ref:
+            kept["name"] = ref["name"]
+        out["targetRef"] = kept
+    return out
+
+
+def endpoint_slice(obj: Mapping[str, Any]) -> Obj:
+    """metadata (the service-name label, the trigger-time annotation), addressType, ports,
+    and per endpoint: addresses, conditions, nodeName, zone, hints, hostname, targetRef."""
+    meta = _metadata(obj.get("metadata") or {}, (LABEL_SERVICE_NAME,))
+    namespace = meta.get("namespace")
+    out: Obj = {"metadata": meta}
+    if "addressType" in obj:
+        out["addressType"] = _intern(obj["addressType"])
+    if obj.get("ports") is not None:
+        out["ports"] = _interned(obj["ports"])
+    if obj.get("endpoints") is not None:
+        out["endpoints"] = [_endpoint(ep, namespace) for ep in obj["endpoints"]]
+    return out
