@@ -14,7 +14,7 @@ shared and must not be modified.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ipvsproxy.objects import LABEL_SERVICE_NAME
@@ -86,25 +86,79 @@ def _conditions(cond: Any) -> Obj | None:
     return shared
 
 
-def _endpoint(ep: Mapping[str, Any], namespace: Any) -> Obj:
-    out: Obj = {"addresses": list(ep.get("addresses") or [])}
-    cond = _conditions(ep.get("conditions"))
-    if cond is not None:
-        out["conditions"] = cond
+class Slots(Mapping[str, Any]):
+    """A read-only mapping over a few fixed keys, stored in slots: a fifth of a dict's size.
+    Readers use ``get`` (made direct, as a missing key is common) and ``[]``; None means
+    absent."""
+
+    __slots__ = ()
+    FIELDS: tuple[str, ...] = ()
+    _FIELDS: frozenset[str] = frozenset()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key not in self._FIELDS:
+            return default
+        value = getattr(self, key)
+        return default if value is None else value
+
+    def __getitem__(self, key: str) -> Any:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k in self.FIELDS if getattr(self, k) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict(self)!r})"
+
+
+class Ref(Slots):
+    """An endpoint's targetRef: kind, namespace and name are all anyone reads."""
+
+    __slots__ = ("kind", "name", "namespace")
+    FIELDS = ("kind", "namespace", "name")
+    _FIELDS = frozenset(FIELDS)
+
+    def __init__(self, kind: Any, namespace: Any, name: Any) -> None:
+        self.kind, self.namespace, self.name = kind, namespace, name
+
+
+class Endpoint(Slots):
+    """One endpoint of a slice, as the planner and the health checks read it."""
+
+    __slots__ = ("addresses", "conditions", "hints", "hostname", "nodeName", "targetRef", "zone")
+    FIELDS = ("addresses", "conditions", "nodeName", "zone", "hints", "hostname", "targetRef")
+    _FIELDS = frozenset(FIELDS)
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        for k in self.FIELDS:
+            setattr(self, k, values.get(k))
+
+
+def _endpoint(ep: Mapping[str, Any], namespace: Any) -> Endpoint:
+    values: Obj = {}
+    addresses = ep.get("addresses")
+    if addresses is not None:
+        values["addresses"] = tuple(addresses) if isinstance(addresses, list) else addresses
+    values["conditions"] = _conditions(ep.get("conditions"))
     for k in _SLICE_ENDPOINT:
         if k in ep:
-            out[k] = _interned(ep[k])
+            values[k] = _interned(ep[k])
     ref = ep.get("targetRef")
     if isinstance(ref, Mapping):
-        kept = {k: _intern(ref[k]) for k in ("kind", "namespace") if k in ref}
-        if kept.get("kind") == "Pod":
-            del kept["kind"]  # the reader's default
-        if kept.get("namespace") == namespace:
-            del kept["namespace"]  # the reader falls back to the slice's own
-        if "name" in ref:
-            kept["name"] = ref["name"]
-        out["targetRef"] = kept
-    return out
+        kind, ns = _intern(ref.get("kind")), _intern(ref.get("namespace"))
+        # Pod is the reader's default kind; the slice's namespace its default namespace.
+        values["targetRef"] = Ref(
+            None if kind == "Pod" else kind, None if ns == namespace else ns, ref.get("name")
+        )
+    elif ref is not None:
+        values["targetRef"] = ref  # malformed: kept as sent, for the planner to judge
+    return Endpoint(values)
 
 
 def endpoint_slice(obj: Mapping[str, Any]) -> Obj:

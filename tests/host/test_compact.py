@@ -100,7 +100,7 @@ def test_odd_endpoints_plan_the_same_and_keep_what_is_read() -> None:
     assert eps[1]["targetRef"] == {"kind": "Node", "name": "n1"}
     assert eps[1]["hints"] == {"forZones": [{"name": "zone-a"}]}
     assert eps[2]["conditions"] == {"ready": "yes"}
-    assert eps[3]["addresses"] == ["10.244.1.8", "10.244.1.9"]
+    assert eps[3]["addresses"] == ("10.244.1.8", "10.244.1.9")
     small_svc = compact.service(svc)
     assert "selector" not in small_svc["spec"]
     assert small_svc["status"] == {"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}}
