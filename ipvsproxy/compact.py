@@ -108,7 +108,7 @@ class Slots(Mapping[str, Any]):
         return value
 
     def __iter__(self) -> Iterator[str]:
-        return (k for k in self.FIELDS if getattr(self, k) is not None)
+        return (k for k in self.FIELDS if self.get(k) is not None)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -118,14 +118,27 @@ class Slots(Mapping[str, Any]):
 
 
 class Ref(Slots):
-    """An endpoint's targetRef: kind, namespace and name are all anyone reads."""
+    """An endpoint's targetRef: kind, namespace and name are all anyone reads. A Pod's is kept
+    as its ``namespace/name`` path, the string the planner names real servers by, so the
+    planner shares it rather than building a copy per endpoint."""
 
-    __slots__ = ("kind", "name", "namespace")
+    __slots__ = ("_name", "kind", "namespace", "pod")
     FIELDS = ("kind", "namespace", "name")
     _FIELDS = frozenset(FIELDS)
 
-    def __init__(self, kind: Any, namespace: Any, name: Any) -> None:
-        self.kind, self.namespace, self.name = kind, namespace, name
+    def __init__(self, kind: Any, namespace: Any, name: Any, slice_namespace: Any) -> None:
+        self.kind, self.namespace = kind, namespace
+        self.pod: str | None = None
+        self._name: Any = name
+        if kind is None and isinstance(name, str) and name:
+            self.pod = f"{namespace or slice_namespace or 'default'}/{name}"
+            self._name = None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key == "name":
+            name = self._name if self.pod is None else self.pod.partition("/")[2]
+            return default if name is None else name
+        return super().get(key, default)
 
 
 class Endpoint(Slots):
@@ -154,7 +167,10 @@ def _endpoint(ep: Mapping[str, Any], namespace: Any) -> Endpoint:
         kind, ns = _intern(ref.get("kind")), _intern(ref.get("namespace"))
         # Pod is the reader's default kind; the slice's namespace its default namespace.
         values["targetRef"] = Ref(
-            None if kind == "Pod" else kind, None if ns == namespace else ns, ref.get("name")
+            None if kind == "Pod" else kind,
+            None if ns == namespace else ns,
+            ref.get("name"),
+            namespace,
         )
     elif ref is not None:
         values["targetRef"] = ref  # malformed: kept as sent, for the planner to judge

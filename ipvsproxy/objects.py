@@ -182,6 +182,9 @@ def service_ports(svc: Mapping[str, Any]) -> list[ServicePort]:
 
 
 def _pod_of(ref: Any, sl: Mapping[str, Any]) -> str | None:
+    pod = getattr(ref, "pod", None)  # a compacted ref (ipvsproxy.compact.Ref) carries it
+    if isinstance(pod, str):
+        return pod
     if not isinstance(ref, Mapping) or ref.get("kind", "Pod") != "Pod" or not ref.get("name"):
         return None
     namespace = ref.get("namespace") or (sl.get("metadata") or {}).get("namespace") or "default"

@@ -64,8 +64,10 @@ class OutFilter:
     port: int
 
 
-def _frozen(d: Mapping[Any, Any]) -> Mapping[Any, Any]:
-    return MappingProxyType(dict(d))
+def _sealed(d: dict[Any, Any]) -> Mapping[Any, Any]:
+    """A read-only view of a dict the builder made and lets go of: no copy is needed, as
+    nothing else holds the dict once the plan is built (copying 100,000s was measurable)."""
+    return MappingProxyType(d)
 
 
 @dataclass(frozen=True)
@@ -122,13 +124,13 @@ class _Builder:
         real_servers = {}
         for key, rs in self.rs.items():
             if id(rs) not in frozen:
-                frozen[id(rs)] = _frozen(rs)
+                frozen[id(rs)] = _sealed(rs)
             real_servers[key] = frozen[id(rs)]
         return ServicePlan(
-            virtual_servers=_frozen(self.vs),
-            real_servers=_frozen(real_servers),
+            virtual_servers=_sealed(self.vs),
+            real_servers=_sealed(real_servers),
             bind=frozenset(self.bind),
-            members=_frozen({k: frozenset(v) for k, v in self.members.items() if v}),
+            members=_sealed({k: frozenset(v) for k, v in self.members.items() if v}),
             out_filters=frozenset(self.out_filters),
             no_local_endpoints=self.no_local,
             identity=I.ServiceIdentity.of(self.ids, self.eps),
