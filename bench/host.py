@@ -45,7 +45,7 @@ from ipvsproxy.backends.iptables import Observed
 from ipvsproxy.backends.ipvs import IPVS
 from ipvsproxy.backends.sysctl import Sysctls, required
 from ipvsproxy.dataplane import Backends, Dataplane, SyncResult
-from ipvsproxy.model import DestKey, ObservedDest, ServiceKey
+from ipvsproxy.model import DestKey, Seen, ServiceKey
 from ipvsproxy.netlink import codec
 from ipvsproxy.netlink.sock import Outcome
 from ipvsproxy.plan import NodeFacts
@@ -105,7 +105,7 @@ class HostIPVS(IPVS):
         self.dataplane: Dataplane | None = None
         self.reads = 0
 
-    def dests(self, key: ServiceKey) -> dict[DestKey, ObservedDest]:
+    def dests(self, key: ServiceKey) -> dict[DestKey, Seen]:
         self.reads += 1
         assert self.dataplane is not None and self.dataplane.observed is not None
         return dict(self.dataplane.observed.dests.get(key, {}))

@@ -39,11 +39,13 @@ from ipvsproxy.diff import (
     diff_services,
 )
 from ipvsproxy.model import (
+    IDLE,
     SERVICE_ORDER,
     DestKey,
     ObservedDest,
     Protocol,
     RealServer,
+    Seen,
     ServiceKey,
     VirtualServer,
 )
@@ -102,7 +104,7 @@ class _Observed:
     """The cache of what the kernel holds of ours; kept current by every successful write."""
 
     services: dict[ServiceKey, VirtualServer]
-    dests: dict[ServiceKey, dict[DestKey, ObservedDest]]
+    dests: dict[ServiceKey, dict[DestKey, Seen]]
     bound: set[str]
     members: dict[str, set[str]]
     rules_text: str | None
@@ -316,7 +318,7 @@ class Dataplane:
         draining = self.state.draining_since
         # Real server operations come grouped by virtual server: look its maps up once a group.
         service: ServiceKey | None = None
-        dests: dict[DestKey, ObservedDest] = {}
+        dests: dict[DestKey, Seen] = {}
         want: Mapping[DestKey, RealServer] = {}
         for op in ops:
             if isinstance(op, ServiceOp):
@@ -343,14 +345,17 @@ class Dataplane:
                     self.b.conntrack.forget(service, dest)
                 continue
             old = dests.get(dest) if dests else None
-            dests[dest] = ObservedDest(op.server, old.stats) if old else ObservedDest(op.server)
+            if old is None or old.stats is IDLE:
+                dests[dest] = op.server
+            else:
+                dests[dest] = ObservedDest(op.server, old.stats)
             if dest in want:
                 if draining:
                     draining.pop((service, dest), None)
             else:
                 draining.setdefault((service, dest), now)
 
-    def _expired(self, key: ServiceKey, have: Mapping[DestKey, ObservedDest]) -> set[DestKey]:
+    def _expired(self, key: ServiceKey, have: Mapping[DestKey, Seen]) -> set[DestKey]:
         now = self.clock()
         if not self.state.draining_since:  # nothing drains: each one's grace starts now
             return set(have) if now - now >= self.grace_seconds else set()
@@ -480,9 +485,9 @@ def service_ops(
     desired: DesiredState,
     keys: set[ServiceKey],
     services: Mapping[ServiceKey, VirtualServer],
-    dests: Mapping[ServiceKey, Mapping[DestKey, ObservedDest]],
+    dests: Mapping[ServiceKey, Mapping[DestKey, Seen]],
     owned: Callable[[ServiceKey], bool],
-    expired: Callable[[ServiceKey, Mapping[DestKey, ObservedDest]], set[DestKey]],
+    expired: Callable[[ServiceKey, Mapping[DestKey, Seen]], set[DestKey]],
 ) -> list[ServiceOp | DestOp]:
     """Virtual and real server operations for the changed ``keys``, against the kernel's
     ``services`` and ``dests`` (real servers to drain read back with current counts)."""

@@ -15,9 +15,9 @@ from ipvsproxy.model import (
     DEST_ORDER,
     SERVICE_ORDER,
     DestKey,
-    ObservedDest,
     Protocol,
     RealServer,
+    Seen,
     ServiceKey,
     VirtualServer,
 )
@@ -99,7 +99,7 @@ def _by_key(item: tuple[DestKey, RealServer]) -> tuple[str, int]:
 def diff_dests(
     service: ServiceKey,
     desired: Mapping[DestKey, RealServer],
-    observed: Mapping[DestKey, ObservedDest],
+    observed: Mapping[DestKey, Seen],
     expired: Collection[DestKey] = (),
 ) -> list[DestOp]:
     """Real server operations for one virtual server, with graceful termination.

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from ipvsproxy.backends.errors import ApplyError, Counters, Rejected, settle_batch
 from ipvsproxy.diff import DestOp, OpKind, ServiceOp
-from ipvsproxy.model import DestKey, ObservedDest, ServiceKey, Traffic, VirtualServer
+from ipvsproxy.model import DestKey, ObservedDest, Seen, ServiceKey, Traffic, VirtualServer
 from ipvsproxy.netlink import ipvs_messages as m
 from ipvsproxy.netlink.sock import NETLINK_GENERIC, NetlinkSocket, resolve_family
 
@@ -54,10 +54,10 @@ class IPVS:
                 found[vs.key] = vs
         return found
 
-    def dests(self, key: ServiceKey) -> dict[DestKey, ObservedDest]:
+    def dests(self, key: ServiceKey) -> dict[DestKey, Seen]:
         seq = self.sock.next_seq()
         family = m.family_of(key)
-        found: dict[DestKey, ObservedDest] = {}
+        found: dict[DestKey, Seen] = {}
         for msg in self.sock.dump(self.encoder.dump_dests(seq, key), seq):
             dest = m.parse_dest(msg, family)
             if dest is not None:
