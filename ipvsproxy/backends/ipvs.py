@@ -88,10 +88,14 @@ class IPVS:
         """Apply in order, batched; raise ApplyError naming every rejected operation."""
         if not ops:
             return 0
+        enc, next_seq = self.encoder, self.sock.next_seq
         requests = []
         for op in ops:
-            seq = self.sock.next_seq()
-            requests.append((seq, encode(self.encoder, seq, op)))
+            seq = next_seq()
+            if op.kind is OpKind.ADD and type(op) is DestOp:  # most of a cold sync: directly
+                requests.append((seq, enc.new_dest(seq, op.service, op.server)))
+            else:
+                requests.append((seq, encode(enc, seq, op)))
         outcomes = self.sock.execute(requests)
         kinds = [_KINDS[op.kind, type(op)] for op in ops]
         return settle_batch(

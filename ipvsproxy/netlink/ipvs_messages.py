@@ -89,6 +89,7 @@ _BE16 = struct.Struct("!H")
 # the same bytes as codec.nested() of codec.attr*() each, in one call.
 _DEST_FULL = struct.Struct("=HH" + "HH16s" + "HH2s2x" + "HHI" * 4 + "HHH2x")
 _REQ_ACK = codec.NLM_F_REQUEST | codec.NLM_F_ACK
+_GENL_HEAD = struct.Struct("=IHHIIBBH")  # nlmsghdr + genlmsghdr, as codec.genl_message packs
 _REQ_DUMP = codec.NLM_F_REQUEST | codec.NLM_F_DUMP
 
 
@@ -189,7 +190,49 @@ class Encoder:
         )
 
     def new_dest(self, seq: int, key: ServiceKey, rs: RealServer) -> bytes:
-        return self._msg(CMD_NEW_DEST, seq, self._service_attr(key) + self._dest_full(rs))
+        """The hot path of a cold sync (one per real server): ``_msg`` of the service and
+        ``_dest_full`` attributes, with their calls folded in; the same bytes."""
+        svc = self._svc_attr if key is self._svc_key else self._service_attr(key)
+        addr = rs.key.address
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        body = svc + _DEST_FULL.pack(
+            _DEST_FULL.size,
+            ATTR_DEST | codec.NLA_F_NESTED,
+            20,
+            DEST_ADDR,
+            socket.inet_pton(family, addr),
+            6,
+            DEST_PORT,
+            _BE16.pack(rs.key.port),
+            8,
+            DEST_FWD_METHOD,
+            rs.fwd_method,
+            8,
+            DEST_WEIGHT,
+            rs.weight,
+            8,
+            DEST_U_THRESH,
+            0,
+            8,
+            DEST_L_THRESH,
+            0,
+            6,
+            DEST_ADDR_FAMILY,
+            family,
+        )
+        return (
+            _GENL_HEAD.pack(
+                codec.HEADER_LEN + len(body),
+                self.family_id,
+                _REQ_ACK,
+                seq,
+                0,
+                CMD_NEW_DEST,
+                GENL_VERSION,
+                0,
+            )
+            + body
+        )
 
     def set_dest(self, seq: int, key: ServiceKey, rs: RealServer) -> bytes:
         return self._msg(CMD_SET_DEST, seq, self._service_attr(key) + self._dest_full(rs))

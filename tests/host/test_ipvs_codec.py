@@ -155,3 +155,16 @@ def test_pyroute2_dest_messages_parse_here(
     assert parsed is not None
     assert parsed.server == rs
     assert (parsed.stats.active, parsed.stats.inactive) == (active, inactive)
+
+
+@given(st.lists(st.tuples(virtual_servers(), real_servers), min_size=1, max_size=6))
+def test_new_dest_is_set_dest_but_for_its_command(
+    pairs: list[tuple[VirtualServer, RealServer]],
+) -> None:
+    """new_dest packs its message in one go (the cold sync's hot path); the bytes are those of
+    the composed encoding set_dest uses, but for the command, whatever key came before."""
+    enc, ref = m.Encoder(FAMILY), m.Encoder(FAMILY)
+    for seq, (vs, rs) in enumerate(pairs + pairs[::-1]):
+        new, composed = enc.new_dest(seq, vs.key, rs), ref.set_dest(seq, vs.key, rs)
+        assert new[16] == m.CMD_NEW_DEST and composed[16] == m.CMD_SET_DEST
+        assert new[:16] == composed[:16] and new[17:] == composed[17:]

@@ -49,33 +49,89 @@ def test_the_document_is_the_json_of_to_json(tmp_path: Path) -> None:
     assert StateFile(tmp_path / "state.json").load() == state
 
 
-def test_only_a_change_is_written_and_each_change_is(tmp_path: Path) -> None:
+def test_each_change_is_one_journal_line_and_reads_back(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     sf = StateFile(path)
     state = sample()
     assert sf.save(state)
+    snapshot = path.read_text()
     assert not sf.save(state)
     # A replan that yields an equal identity (a new object) writes nothing.
     state.identities["ns/svc-03"] = identity("ns/svc-03", "10.96.1.3", {"10.244.1.3": "ns/p3"})
     assert not sf.save(state)
+    drained = (ServiceKey("10.96.1.7", Protocol.TCP, 80), DestKey("10.244.1.7", 80))
     changes: list[Callable[[State], object]] = [
         lambda s: s.identities.__setitem__(
-            "ns/svc-07", identity("ns/svc-07", "10.96.1.7", {"10.244.1.7": "ns/q7"})
+            "ns/svc-07", identity("ns/svc-07", "10.96.1.7", {"10.244.1.8": "ns/q8"})
         ),
+        lambda s: s.draining_since.__setitem__(drained, 1800.25),
         lambda s: s.identities.pop("ns/svc-08"),
         lambda s: s.identities.__setitem__("ns/new", identity("ns/new", "10.96.2.1", {})),
         lambda s: s.virtual_servers.add(ServiceKey("10.96.0.3", Protocol.TCP, 443)),
         lambda s: s.virtual_servers.discard(ServiceKey("10.96.0.2", Protocol.UDP, 53)),
-        lambda s: s.draining_since.clear(),
+        lambda s: s.draining_since.pop(drained),
         lambda s: setattr(s, "rules_digest", "xyz"),
         lambda s: setattr(s, "iptables_fingerprint", "uvw"),
     ]
-    for change in changes:
+    for n, change in enumerate(changes, 1):
         change(state)
         assert sf.save(state)
-        assert path.read_text() == json.dumps(state.to_json())
         assert not sf.save(state)
+        assert path.read_text() == snapshot  # the snapshot is left alone
+        assert len(sf.journal.read_text().splitlines()) == n
+        assert StateFile(path).load() == state
+    # A loaded state file goes on journalling where it was.
+    again = StateFile(path)
+    assert again.load() == state
+    state.identities["ns/svc-09"] = identity("ns/svc-09", "10.96.1.9", {})
+    assert again.save(state)
+    assert len(again.journal.read_text().splitlines()) == len(changes) + 1
     assert StateFile(path).load() == state
+
+
+def test_a_journal_as_large_as_the_snapshot_is_folded_into_it(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    sf = StateFile(path)
+    state = State()
+    sf.save(state)
+    for i in range(2000):  # a small snapshot: its journal may grow to JOURNAL_MIN_BYTES
+        name = f"ns/svc-{i}"
+        state.identities[name] = identity(name, f"10.97.{i // 250}.{i % 250}", {})
+        assert sf.save(state)
+        if not sf.journal.exists():
+            break
+    else:
+        raise AssertionError("the journal was never folded into the snapshot")
+    assert json.loads(path.read_text()) == state.to_json()
+    assert StateFile(path).load() == state
+
+
+def test_a_torn_last_line_is_ignored_and_the_next_save_rewrites(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    sf = StateFile(path)
+    state = sample()
+    sf.save(state)
+    state.rules_digest = "one"
+    sf.save(state)
+    with sf.journal.open("a") as f:
+        f.write('{"rules": ["tw')  # a crash while appending
+    reader = StateFile(path)
+    loaded = reader.load()
+    assert loaded.rules_digest == "one"
+    loaded.rules_digest = "two"
+    assert reader.save(loaded)
+    assert not reader.journal.exists()  # rewritten as a snapshot, the torn line gone
+    assert json.loads(path.read_text()) == loaded.to_json()
+    assert StateFile(path).load() == loaded
+
+
+def test_a_bad_journal_line_before_the_last_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    sf = StateFile(path)
+    sf.save(sample())
+    sf.journal.write_text('{"rules": ["a", "b"]}\nnot json\n{"rules": ["c", "d"]}\n')
+    with pytest.raises(ValueError, match=r"state\.json is unreadable"):
+        StateFile(path).load()
 
 
 def test_a_loaded_state_is_not_rewritten(tmp_path: Path) -> None:
