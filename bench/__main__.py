@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -105,11 +104,11 @@ def targets(h: dict[str, Any], k: dict[str, Any] | None) -> list[str]:
     )
     endpoint = [c for c in k["scale"]["changes"] if c["change"].startswith("endpoint")]
     writes = max(c["writes"] for c in endpoint)
-    speedup = statistics.median(c["full_resync_s"] / c["seconds"] for c in endpoint)
+    speedup = min(c["full_resync_s"] / c["seconds"] for c in endpoint)  # the slowest of them
     lines += [
         f"- one endpoint change: at most {writes} netlink writes (<= {CHANGE_WRITES_TARGET}): "
         f"{mark(writes <= CHANGE_WRITES_TARGET)}",
-        f"- one endpoint change vs forced full resync: {speedup:.0f}x (>= 100x): "
+        f"- one endpoint change vs forced full resync, slowest kind: {speedup:.0f}x (>= 100x): "
         f"{mark(speedup >= CHANGE_SPEEDUP_TARGET)}",
         f"- restart over an unchanged kernel: {k['scale']['restart']['writes']} writes (0): "
         f"{mark(k['scale']['restart']['writes'] == 0)}",

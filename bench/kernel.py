@@ -259,38 +259,45 @@ def full_resync(
     return run
 
 
-def at_scale(services: int, endpoints: int, workdir: Path) -> dict[str, Any]:
+def at_scale(services: int, endpoints: int, workdir: Path, rounds: int = 3) -> dict[str, Any]:
+    """The six changes, ``rounds`` times over (each round ends where it began): per change the
+    median time, the most writes, and the median forced full resync of the state after it."""
     cluster = synthetic.cluster(services, endpoints)
     current: dict[str, tuple[dict[str, Any] | None, list[dict[str, Any]]]] = {
         key: (svc, slices) for key, svc, slices in cluster
     }
     wipe()
     state = workdir / "scale.json"
-    out: dict[str, Any] = {"services": services, "endpoints": endpoints, "changes": []}
+    out: dict[str, Any] = {"services": services, "endpoints": endpoints, "rounds": rounds}
+    seen: dict[str, list[tuple[float, int, int, float]]] = {}
     with node(state) as n:
         n.run(program(cluster))
-        for what, event in changes(cluster):
-            before = sends(n)
-            seconds, writes = timed(partial(n.run, one_event(event)))
-            calls = sends(n) - before
-            current[event[0]] = (event[1], event[2])
-            # The same state once more, the full way: it must find nothing left to write.
-            full_s, full_w = timed(partial(n.run, full_resync(current)))
-            if full_w:
-                raise RuntimeError(f"after {what}, a full resync still wrote {full_w} times")
-            out["changes"].append(
-                {
-                    "change": what,
-                    "seconds": seconds,
-                    "writes": writes,
-                    "sends": calls,
-                    "full_resync_s": full_s,
-                }
-            )
-            progress(
-                f"{what}: {seconds * 1e3:.1f} ms, {writes} writes in {calls} system calls; "
-                f"full {full_s:.2f} s"
-            )
+        for _ in range(rounds):
+            for what, event in changes(cluster):
+                before = sends(n)
+                seconds, writes = timed(partial(n.run, one_event(event)))
+                calls = sends(n) - before
+                current[event[0]] = (event[1], event[2])
+                # The same state once more, the full way: it must find nothing left to write.
+                full_s, full_w = timed(partial(n.run, full_resync(current)))
+                if full_w:
+                    raise RuntimeError(f"after {what}, a full resync still wrote {full_w} times")
+                seen.setdefault(what, []).append((seconds, writes, calls, full_s))
+                progress(
+                    f"{what}: {seconds * 1e3:.1f} ms, {writes} writes in {calls} system calls;"
+                    f" full {full_s:.2f} s"
+                )
+        out["changes"] = [
+            {
+                "change": what,
+                "seconds": statistics.median(r[0] for r in runs),
+                "writes": max(r[1] for r in runs),
+                "sends": max(r[2] for r in runs),
+                "full_resync_s": statistics.median(r[3] for r in runs),
+                "runs": len(runs),
+            }
+            for what, runs in seen.items()
+        ]
         out["full_resync_s"] = statistics.median(c["full_resync_s"] for c in out["changes"])
     # Restart: a new process's Dataplane over the programmed kernel, same state file.
     final = [(k, s, sl) for k, (s, sl) in current.items() if s is not None]

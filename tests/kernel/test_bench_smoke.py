@@ -21,7 +21,7 @@ def test_the_kernel_benchmark_runs_at_a_smoke_size(tmp_path: Path) -> None:
     assert cold["writes"] > cold["real_servers"]
     (pair,) = cold["pairs"]
     assert pair["ipvsproxy_s"] > 0 and pair["c_tools_s"] > 0
-    scale = kernel.at_scale(30, 3, tmp_path)
+    scale = kernel.at_scale(30, 3, tmp_path, rounds=2)
     by_change = {c["change"]: c for c in scale["changes"]}
     assert set(by_change) == {
         "endpoint added",
