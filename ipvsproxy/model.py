@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import attrgetter
+from typing import NamedTuple
 
 
 class Protocol(StrEnum):
@@ -65,9 +66,10 @@ def is_ipv6(address: str) -> bool:
     return ":" in address
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class ServiceKey:
-    """The identity of an IPVS virtual server."""
+class ServiceKey(NamedTuple):
+    """The identity of an IPVS virtual server. A named tuple rather than a dataclass: keys are
+    hashed and compared millions of times in a cold sync, and a tuple does both in C (the
+    dataclass's generated __hash__ was a Python call each time)."""
 
     address: str
     protocol: Protocol
@@ -108,8 +110,9 @@ class VirtualServer:
         )
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class DestKey:
+class DestKey(NamedTuple):
+    """The identity of a real server within a virtual server (a named tuple: see ServiceKey)."""
+
     address: str
     port: int
 
