@@ -59,12 +59,28 @@ def _healthy() -> bool:
         return False
 
 
-def _sync_count() -> float:
+def _metric(name: str) -> float:
     with urllib.request.urlopen(f"http://{METRICS}/metrics", timeout=5) as resp:
         for line in resp.read().decode().splitlines():
-            if line.startswith("kubeproxy_sync_proxy_rules_duration_seconds_count"):
+            if line.startswith(name + " "):
                 return float(line.split()[-1])
     return 0.0
+
+
+def _sync_count() -> float:
+    return _metric("kubeproxy_sync_proxy_rules_duration_seconds_count")
+
+
+def _failed(proc: subprocess.Popen[bytes]) -> str | None:
+    """Why the daemon cannot get there: it exited, or a sync failed (say, a set was full)."""
+    if proc.poll() is not None:
+        return f"ipvsproxy run exited with {proc.returncode}"
+    try:
+        if _metric("ipvsproxy_sync_errors_total") > 0:
+            return "a sync of ipvsproxy run failed (see its log)"
+    except OSError:
+        pass  # not serving metrics yet
+    return None
 
 
 def _kib(pid: int, field: str) -> int:
@@ -81,7 +97,8 @@ def peak_rss(
     with netns.entered(ns):
         server = APIServer(host="127.0.0.1", port=0).start()
     kubeconfig = server.write_kubeconfig(workdir / "kubeconfig")
-    log = (workdir / f"ipvsproxy-{services}.log").open("wb")
+    log_path = workdir / f"ipvsproxy-{services}.log"
+    log = log_path.open("wb")
     try:
         load(server, services, endpoints, node, node_ip)
         start = time.monotonic()
@@ -99,6 +116,9 @@ def peak_rss(
         )
         try:
             return _watch(proc, ns, start, services, endpoints)
+        except RuntimeError as exc:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{exc}; the end of its log:\n{tail}") from None
         finally:
             proc.terminate()
             proc.wait(timeout=120)
@@ -112,8 +132,9 @@ def _watch(
 ) -> dict[str, Any]:
     with netns.entered(ns):
         while not _healthy():
-            if proc.poll() is not None:
-                raise RuntimeError(f"ipvsproxy run exited with {proc.returncode}")
+            failed = _failed(proc)
+            if failed:
+                raise RuntimeError(failed)
             if time.monotonic() - start > 1800:
                 raise RuntimeError("ipvsproxy run did not finish its first sync in 30 minutes")
             time.sleep(0.5)
@@ -123,8 +144,9 @@ def _watch(
         programmed = sum(line.startswith("-A ") for line in table.stdout.splitlines())
         syncs = _sync_count()
         while _sync_count() < syncs + 3:  # three more full syncs (the sync period is short)
-            if proc.poll() is not None:
-                raise RuntimeError(f"ipvsproxy run exited with {proc.returncode}")
+            failed = _failed(proc)
+            if failed:
+                raise RuntimeError(failed)
             time.sleep(1.0)
     return {
         "services": services,

@@ -21,12 +21,18 @@ nodePort as none, so later ports are served on their cluster IP only). That is 4
 raises ValueError rather than wrapping around (a real API server refuses such a Service too).
 
 Endpoints. Endpoint ``j`` of Service ``i`` is pod ``n = i * E + j``: address
-10.244.0.1 + (n mod 65,534) in 10.244.0.0/16, on node ``node-{n mod 3 + 1}``, with nodeName and
+10.244.0.1 + (n mod 65,534) in 10.244.0.0/16, on node ``node-{n mod 10 + 1}``, with nodeName and
 a Pod targetRef named after its address. The /16 holds 65,534 pods, fewer than the 100,000
 endpoints of 10,000 x 10: beyond that, pods are reused by later Services (as when several
 Services select the same Pods); within one Service every address is distinct. One slice holds
 all E endpoints (the EndpointSlice controller would split at 100; this planner merges slices
 anyway).
+
+Ten nodes, not the lab's three: a node holds the KUBE-LOOP-BACK member of each local endpoint
+and port, and ipsets hold at most 65,536 members (upstream's maxelem, the ipset default). With
+three nodes, node-1's share of 10,000 x 10 was 66,316 members: the kernel refuses such a set,
+so no proxy could program that cluster on that node. With ten it is about 20,000 (a real
+cluster of 10,000 Services has hundreds of nodes, each with far fewer).
 
 Changes for the one-change measurements return new slice lists and leave their input alone:
 ``with_endpoint_added``, ``with_endpoint_removed``, ``with_endpoint_not_ready``; and
@@ -42,7 +48,7 @@ import uuid
 from typing import Any
 
 NAMESPACE = "bench"
-NODES = ("node-1", "node-2", "node-3")
+NODES = tuple(f"node-{i}" for i in range(1, 11))
 CLUSTER_IP_BASE = int(ipaddress.IPv4Address("10.96.0.16"))
 CLUSTER_IP_LIMIT = int(ipaddress.IPv4Address("10.111.255.254"))  # last host of 10.96.0.0/12
 POD_BASE = int(ipaddress.IPv4Address("10.244.0.1"))

@@ -58,14 +58,43 @@ def _interned(value: Any) -> Any:
     return value
 
 
+# The spec fields the planner reads (objects.is_proxied, objects.service_ports) and the daemon's
+# health checks; a port's name, protocol, port and nodePort.
+_SPEC = (
+    "type",
+    "clusterIP",
+    "clusterIPs",
+    "externalIPs",
+    "sessionAffinity",
+    "sessionAffinityConfig",
+    "ports",
+    "loadBalancerSourceRanges",
+    "externalTrafficPolicy",
+    "internalTrafficPolicy",
+    "healthCheckNodePort",
+)
+_PORT = ("name", "protocol", "port", "nodePort")
+
+
+def _port(port: Any) -> Any:
+    if not isinstance(port, Mapping):
+        return port  # malformed: kept as sent, for the planner to judge
+    return {k: port[k] for k in _PORT if k in port}
+
+
 def service(obj: Mapping[str, Any]) -> Obj:
-    """metadata (all labels: proxy-name and headless rules read them), spec, and
-    status.loadBalancer (its ingress IPs are load-balancer VIPs)."""
+    """metadata (all labels: proxy-name and headless rules read them), the spec fields read,
+    and status.loadBalancer (its ingress IPs are load-balancer VIPs)."""
     out: Obj = {"metadata": _metadata(obj.get("metadata") or {}, None)}
     if "spec" in obj:
-        # The selector is the endpoint controller's business, not the proxy's.
-        spec = {k: v for k, v in (obj["spec"] or {}).items() if k != "selector"}
-        out["spec"] = _interned(spec)
+        spec = obj["spec"] or {}
+        kept = {k: spec[k] for k in _SPEC if k in spec}
+        if isinstance(spec.get("ports"), list):
+            kept["ports"] = [_port(p) for p in spec["ports"]]
+        ips = spec.get("clusterIPs")
+        if isinstance(ips, list) and ips == [spec.get("clusterIP")]:
+            del kept["clusterIPs"]  # the reader falls back to [clusterIP]
+        out["spec"] = _interned(kept)
     lb = (obj.get("status") or {}).get("loadBalancer")
     if lb:
         out["status"] = {"loadBalancer": _interned(lb)}

@@ -147,3 +147,37 @@ def test_the_cache_of_a_cluster_is_much_smaller() -> None:
     )
     assert len(kept) == len(raw) == 200
     assert small < 0.6 * full, (small, full)
+
+
+def test_services_keep_every_field_the_planner_reads() -> None:
+    svc = api_form(
+        k.service(
+            "aff",
+            "10.96.0.20",
+            [
+                {"name": "a", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30001},
+                {"name": "b", "port": 53, "protocol": "UDP", "appProtocol": "dns"},
+            ],
+            type="NodePort",
+            sessionAffinity="ClientIP",
+            sessionAffinityConfig={"clientIP": {"timeoutSeconds": 600}},
+            externalIPs=["203.0.113.9"],
+            clusterIPs=["10.96.0.20", "fd00::20"],
+            internalTrafficPolicy="Local",
+        )
+    )
+    sl = api_form(
+        k.endpoint_slice(
+            "aff",
+            [k.endpoint("10.244.1.5"), k.endpoint("10.244.2.5", node="node-2")],
+            ports=[
+                {"name": "a", "port": 8080, "protocol": "TCP"},
+                {"name": "b", "port": 5353, "protocol": "UDP"},
+            ],
+        )
+    )
+    same_plans(svc, [sl])
+    spec = compact.service(svc)["spec"]
+    assert spec["ports"][0] == {"name": "a", "port": 80, "protocol": "TCP", "nodePort": 30001}
+    assert spec["clusterIPs"] == ["10.96.0.20", "fd00::20"]  # not just [clusterIP]: kept
+    assert "clusterIPs" not in compact.service(api_form(k.service("x", "10.96.0.21")))["spec"]
