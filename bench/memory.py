@@ -10,6 +10,7 @@ peak resident set (VmHWM) is read then, and again after a few more periodic sync
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -74,7 +75,8 @@ def _sync_count() -> float:
 def _failed(proc: subprocess.Popen[bytes]) -> str | None:
     """Why the daemon cannot get there: it exited, or a sync failed (say, a set was full)."""
     if proc.poll() is not None:
-        return f"ipvsproxy run exited with {proc.returncode}"
+        killed = " (killed: out of memory?)" if proc.returncode == -9 else ""
+        return f"ipvsproxy run exited with {proc.returncode}{killed}"
     try:
         if _metric("ipvsproxy_sync_errors_total") > 0:
             return "a sync of ipvsproxy run failed (see its log)"
@@ -142,11 +144,13 @@ def _watch(
         after_first = _kib(proc.pid, "VmHWM")
         table = subprocess.run(["ipvsadm", "-Sn"], capture_output=True, text=True, check=True)
         programmed = sum(line.startswith("-A ") for line in table.stdout.splitlines())
-        syncs = _sync_count()
-        while _sync_count() < syncs + 3:  # three more full syncs (the sync period is short)
+        syncs: float | None = None
+        while syncs is None or _sync_count() < syncs + 3:  # three more full syncs
             failed = _failed(proc)
             if failed:
                 raise RuntimeError(failed)
+            with contextlib.suppress(OSError):  # metrics not served yet
+                syncs = _sync_count() if syncs is None else syncs
             time.sleep(1.0)
     return {
         "services": services,

@@ -248,8 +248,11 @@ class _Saved:
         saved = self.identities
         for service, ident in state.identities.items():
             old = saved.get(service)
-            if old is not ident and old != ident:
-                identities[service] = ident.to_json()
+            if old is not ident:
+                if old != ident:
+                    identities[service] = ident.to_json()
+                else:  # a replan's equal copy: remember it, so the next look is an `is`
+                    saved[service] = ident
         if len(saved) + len(identities) != len(state.identities):
             identities.update({s: None for s in saved.keys() - state.identities.keys()})
         if identities:
