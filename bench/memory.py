@@ -118,8 +118,8 @@ def peak_rss(
         )
         try:
             return _watch(proc, ns, start, services, endpoints)
-        except RuntimeError as exc:
-            tail = log_path.read_text(errors="replace")[-2000:]
+        except (RuntimeError, OSError) as exc:
+            tail = log_path.read_text(errors="replace")[-3000:]
             raise RuntimeError(f"{exc}; the end of its log:\n{tail}") from None
         finally:
             proc.terminate()
@@ -145,12 +145,14 @@ def _watch(
         table = subprocess.run(["ipvsadm", "-Sn"], capture_output=True, text=True, check=True)
         programmed = sum(line.startswith("-A ") for line in table.stdout.splitlines())
         syncs: float | None = None
-        while syncs is None or _sync_count() < syncs + 3:  # three more full syncs
+        count = -1.0
+        while syncs is None or count < syncs + 3:  # three more full syncs
             failed = _failed(proc)
             if failed:
                 raise RuntimeError(failed)
-            with contextlib.suppress(OSError):  # metrics not served yet
-                syncs = _sync_count() if syncs is None else syncs
+            with contextlib.suppress(OSError):  # metrics not served (yet, or any more)
+                count = _sync_count()
+                syncs = count if syncs is None else syncs
             time.sleep(1.0)
     return {
         "services": services,

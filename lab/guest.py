@@ -193,6 +193,22 @@ def _setup_script(release: str, modules: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+MAX_MAP_COUNT = 1 << 20
+MAX_MAP_COUNT_FILE = Path("/proc/sys/vm/max_map_count")
+
+
+def raise_map_count(path: Path = MAX_MAP_COUNT_FILE, wanted: int = MAX_MAP_COUNT) -> None:
+    """UML maps guest memory into its host process a page at a time: a guest process of a
+    few hundred MB (ipvsproxy holding 10,000 Services) passed the host's default limit of
+    65,530 mappings, and the guest died ("UML ran out of memory on the host side"). Raise the
+    limit where we may (root); leave it where it is already higher or we may not."""
+    try:
+        if int(path.read_text()) < wanted:
+            path.write_text(str(wanted))
+    except (OSError, ValueError):
+        pass
+
+
 def boot(
     command: Sequence[str],
     *,
@@ -211,6 +227,7 @@ def boot(
     release = kernel_release()
     if not command:
         raise ValueError("no command given")
+    raise_map_count()
     run_dir = Path(tempfile.mkdtemp(prefix="ipvsproxy-lab-"))
     try:
         (run_dir / "setup.sh").write_text(_setup_script(release, modules))

@@ -181,3 +181,17 @@ def test_apiserver_command_serves_and_writes_a_kubeconfig(tmp_path: Path) -> Non
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+
+
+def test_the_map_count_is_raised_only_upwards(tmp_path: Path) -> None:
+    from lab.guest import raise_map_count
+
+    f = tmp_path / "max_map_count"
+    f.write_text("65530\n")
+    raise_map_count(f, 1 << 20)
+    assert f.read_text() == str(1 << 20)
+    f.write_text("4000000\n")
+    raise_map_count(f, 1 << 20)
+    assert f.read_text() == "4000000\n"
+    raise_map_count(tmp_path / "absent", 1 << 20)  # not ours to create: nothing happens
+    assert not (tmp_path / "absent").exists()
