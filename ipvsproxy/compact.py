@@ -14,7 +14,7 @@ shared and must not be modified.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ipvsproxy.objects import LABEL_SERVICE_NAME
@@ -82,6 +82,21 @@ def _port(port: Any) -> Any:
     return {k: port[k] for k in _PORT if k in port}
 
 
+def _or_whole(compact: Callable[[Mapping[str, Any]], Obj]) -> Callable[[Mapping[str, Any]], Obj]:
+    """An object too malformed to compact is kept whole: the planner then names what is wrong
+    with it (an informer that raised here would drop the event)."""
+
+    def run(obj: Mapping[str, Any]) -> Obj:
+        try:
+            return compact(obj)
+        except (AttributeError, TypeError, KeyError, ValueError):
+            return dict(obj)
+
+    run.__doc__ = compact.__doc__
+    return run
+
+
+@_or_whole
 def service(obj: Mapping[str, Any]) -> Obj:
     """metadata (all labels: proxy-name and headless rules read them), the spec fields read,
     and status.loadBalancer (its ingress IPs are load-balancer VIPs)."""
@@ -206,6 +221,7 @@ def _endpoint(ep: Mapping[str, Any], namespace: Any) -> Endpoint:
     return Endpoint(values)
 
 
+@_or_whole
 def endpoint_slice(obj: Mapping[str, Any]) -> Obj:
     """metadata (the service-name label, the trigger-time annotation), addressType, ports,
     and per endpoint: addresses, conditions, nodeName, zone, hints, hostname, targetRef."""

@@ -181,3 +181,10 @@ def test_services_keep_every_field_the_planner_reads() -> None:
     assert spec["ports"][0] == {"name": "a", "port": 80, "protocol": "TCP", "nodePort": 30001}
     assert spec["clusterIPs"] == ["10.96.0.20", "fd00::20"]  # not just [clusterIP]: kept
     assert "clusterIPs" not in compact.service(api_form(k.service("x", "10.96.0.21")))["spec"]
+
+
+def test_malformed_objects_are_kept_whole() -> None:
+    bad_slice = {"metadata": {"name": "s", "namespace": "ns"}, "endpoints": {"not": "a list"}}
+    assert compact.endpoint_slice(bad_slice) == bad_slice
+    bad_service = {"metadata": "not a mapping", "spec": {}}
+    assert compact.service(bad_service) == bad_service
