@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ipvsproxy.dataplane import Backends, Dataplane
 from ipvsproxy.desired import Changes
 from ipvsproxy.model import Protocol, ServiceKey
@@ -41,3 +43,24 @@ def test_deleting_a_service_removes_its_plan(tmp_path: Path) -> None:
     dp.update_service("default/web", None, [])
     assert dp.desired.virtual_servers == {}
     assert ServiceKey("10.96.0.10", Protocol.TCP, 80) in dp.pending.services
+
+
+def test_chunks_go_on_after_a_rejected_one_and_report_all_rejections() -> None:
+    from ipvsproxy.backends.errors import ApplyError, Rejected
+    from ipvsproxy.dataplane import _in_chunks
+
+    seen: list[list[int]] = []
+
+    def apply(chunk: list[int]) -> int:
+        seen.append(chunk)
+        bad = [i for i in chunk if i % 5 == 0]
+        if bad:
+            raise ApplyError([Rejected(f"op {i}", 17) for i in bad], len(chunk) - len(bad))
+        return len(chunk)
+
+    with pytest.raises(ApplyError) as exc:
+        _in_chunks(list(range(1, 13)), 4, apply)
+    assert seen == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
+    assert [r.what for r in exc.value.rejected] == ["op 5", "op 10"]
+    assert exc.value.applied == 10
+    _in_chunks([1, 2, 3], 2, apply)  # nothing rejected: nothing raised
