@@ -19,6 +19,7 @@ def draw(points: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
 
     matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     if not points:
         raise ValueError("no scaling points to draw")
@@ -29,6 +30,7 @@ def draw(points: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(xs, [f"{x:,}" for x in xs])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the sizes run
     ax.set_xlabel(f"Services ({points[0]['endpoints']} endpoints each)")
     ax.set_ylabel("seconds for one endpoint change (log)")
     ax.set_title(title, fontsize=10)
