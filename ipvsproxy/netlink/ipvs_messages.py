@@ -132,6 +132,37 @@ def _service_full(vs: VirtualServer) -> bytes:
     )
 
 
+def _dest_full(rs: RealServer) -> bytes:
+    """A nested destination attribute with every setting (see ``_DEST_FULL``)."""
+    addr = rs.key.address
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    return _DEST_FULL.pack(
+        _DEST_FULL.size,
+        ATTR_DEST | codec.NLA_F_NESTED,
+        20,
+        DEST_ADDR,
+        socket.inet_pton(family, addr),  # "16s" pads an IPv4 address with zeros
+        6,
+        DEST_PORT,
+        _BE16.pack(rs.key.port),
+        8,
+        DEST_FWD_METHOD,
+        rs.fwd_method,
+        8,
+        DEST_WEIGHT,
+        rs.weight,
+        8,
+        DEST_U_THRESH,
+        0,
+        8,
+        DEST_L_THRESH,
+        0,
+        6,
+        DEST_ADDR_FAMILY,
+        family,
+    )
+
+
 class Encoder:
     """Builds requests for one IPVS family id; the caller numbers them (seq)."""
 
@@ -160,66 +191,11 @@ class Encoder:
             self._svc_attr = codec.nested(ATTR_SERVICE, _service_id(key))
         return self._svc_attr
 
-    def _dest_full(self, rs: RealServer) -> bytes:
-        addr = rs.key.address
-        family = _family(addr)
-        return _DEST_FULL.pack(
-            _DEST_FULL.size,
-            ATTR_DEST | codec.NLA_F_NESTED,
-            20,
-            DEST_ADDR,
-            socket.inet_pton(family, addr),  # "16s" pads an IPv4 address with zeros
-            6,
-            DEST_PORT,
-            _BE16.pack(rs.key.port),
-            8,
-            DEST_FWD_METHOD,
-            rs.fwd_method,
-            8,
-            DEST_WEIGHT,
-            rs.weight,
-            8,
-            DEST_U_THRESH,
-            0,
-            8,
-            DEST_L_THRESH,
-            0,
-            6,
-            DEST_ADDR_FAMILY,
-            family,
-        )
-
     def new_dest(self, seq: int, key: ServiceKey, rs: RealServer) -> bytes:
-        """The hot path of a cold sync (one per real server): ``_msg`` of the service and
-        ``_dest_full`` attributes, with their calls folded in; the same bytes."""
+        """The hot path of a cold sync (one per real server): what ``_msg`` would build, with
+        its calls folded in; the same bytes."""
         svc = self._svc_attr if key is self._svc_key else self._service_attr(key)
-        addr = rs.key.address
-        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        body = svc + _DEST_FULL.pack(
-            _DEST_FULL.size,
-            ATTR_DEST | codec.NLA_F_NESTED,
-            20,
-            DEST_ADDR,
-            socket.inet_pton(family, addr),
-            6,
-            DEST_PORT,
-            _BE16.pack(rs.key.port),
-            8,
-            DEST_FWD_METHOD,
-            rs.fwd_method,
-            8,
-            DEST_WEIGHT,
-            rs.weight,
-            8,
-            DEST_U_THRESH,
-            0,
-            8,
-            DEST_L_THRESH,
-            0,
-            6,
-            DEST_ADDR_FAMILY,
-            family,
-        )
+        body = svc + _dest_full(rs)
         return (
             _GENL_HEAD.pack(
                 codec.HEADER_LEN + len(body),
@@ -235,7 +211,7 @@ class Encoder:
         )
 
     def set_dest(self, seq: int, key: ServiceKey, rs: RealServer) -> bytes:
-        return self._msg(CMD_SET_DEST, seq, self._service_attr(key) + self._dest_full(rs))
+        return self._msg(CMD_SET_DEST, seq, self._service_attr(key) + _dest_full(rs))
 
     def del_dest(self, seq: int, key: ServiceKey, dest: DestKey) -> bytes:
         body = codec.nested(
