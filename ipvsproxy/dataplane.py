@@ -33,6 +33,7 @@ from ipvsproxy.diff import (
     MemberOp,
     OpKind,
     ServiceOp,
+    adopt_dests,
     diff_addresses,
     diff_dests,
     diff_members,
@@ -104,7 +105,9 @@ class _Observed:
     """The cache of what the kernel holds of ours; kept current by every successful write."""
 
     services: dict[ServiceKey, VirtualServer]
-    dests: dict[ServiceKey, dict[DestKey, Seen]]
+    # A virtual server's real servers: often the desired mapping itself (read-only), when the
+    # kernel holds exactly that; ``_record`` copies it before changing it.
+    dests: dict[ServiceKey, Mapping[DestKey, Seen]]
     bound: set[str]
     members: dict[str, set[str]]
     rules_text: str | None
@@ -220,7 +223,8 @@ class Dataplane:
             or k in self.state.virtual_servers
             or k.address in bound
         }
-        dests = {k: self.b.ipvs.dests(k) for k in sorted(watched)}
+        desired = self.desired.real_servers
+        dests = {k: adopt_dests(desired.get(k, {}), self.b.ipvs.dests(k)) for k in sorted(watched)}
         members = self.b.ipsets.read()
         self.b.ipsets.ensure(members)
         for name in S.NAMES:
@@ -326,6 +330,7 @@ class Dataplane:
         service: ServiceKey | None = None
         dests: dict[DestKey, Seen] = {}
         want: Mapping[DestKey, RealServer] = {}
+        touched: list[ServiceKey] = []
         for op in ops:
             if isinstance(op, ServiceOp):
                 key = op.server.key
@@ -341,8 +346,9 @@ class Dataplane:
                 continue
             if op.service is not service:
                 service = op.service
-                dests = obs.dests.setdefault(service, {})
+                dests = _own_copy(obs.dests, service)
                 want = self.desired.real_servers.get(service, {})
+                touched.append(service)
             dest = op.server.key
             if op.kind is OpKind.DELETE:
                 dests.pop(dest, None)
@@ -360,6 +366,7 @@ class Dataplane:
                     draining.pop((service, dest), None)
             else:
                 draining.setdefault((service, dest), now)
+        _share_desired(obs.dests, self.desired.real_servers, touched)
 
     def _expired(self, key: ServiceKey, have: Mapping[DestKey, Seen]) -> set[DestKey]:
         now = self.clock()
@@ -528,6 +535,31 @@ def member_ops(
         want = desired.members_among(name, entries)
         ops += diff_members(name, want, observed.get(name, set()) & entries)
     return ops
+
+
+def _own_copy(
+    dests: dict[ServiceKey, Mapping[DestKey, Seen]], service: ServiceKey
+) -> dict[DestKey, Seen]:
+    """``service``'s observed real servers as a dict of the cache's own, to change in place
+    (copied if the cache shares the desired mapping)."""
+    have = dests.get(service)
+    if type(have) is not dict:
+        have = dests[service] = dict(have or {})
+    return have
+
+
+def _share_desired(
+    dests: dict[ServiceKey, Mapping[DestKey, Seen]],
+    desired: Mapping[ServiceKey, Mapping[DestKey, RealServer]],
+    services: Iterable[ServiceKey],
+) -> None:
+    """Where the kernel now holds exactly the desired real servers, the cache holds the
+    desired mapping instead of its own copy: after a cold sync of 10,000 Services the copies
+    were ~9 MiB (a dict per virtual server), all equal to mappings already held."""
+    for service in services:
+        want, have = desired.get(service), dests.get(service)
+        if want is not None and have is not None and have is not want and have == want:
+            dests[service] = want
 
 
 _T = TypeVar("_T")

@@ -18,6 +18,7 @@ from ipvsproxy.diff import (
     DestOp,
     OpKind,
     ServiceOp,
+    adopt_dests,
     diff_addresses,
     diff_dests,
     diff_members,
@@ -119,6 +120,29 @@ def test_dest_diff_applied_to_a_yields_b_with_graceful_termination(
     # Once the grace period expires, everything unwanted goes.
     final = apply_dests(result, diff_dests(svc, want, result, expired=set(result)))
     assert set(final) == set(want)
+
+
+@given(
+    st.lists(st.tuples(reals, st.integers(0, 2))),
+    st.lists(reals),
+    st.sampled_from(list(Protocol)),
+)
+def test_adopting_a_read_back_changes_no_decision(
+    a: list[tuple[RealServer, int]], b: list[RealServer], proto: Protocol
+) -> None:
+    """A full sync holds real servers already as desired as the desired objects (no copy);
+    the operations it derives are the same as from the kernel's own copies."""
+    svc = ServiceKey("10.96.0.1", proto, 80)
+    have = {rs.key: ObservedDest(rs, DestStats(active=conns)) for rs, conns in a}
+    want = {rs.key: rs for rs in b}
+    kept = adopt_dests(want, have)
+    assert set(kept) == set(have)
+    for key, seen in kept.items():
+        if key in want and want[key].same_settings(have[key].server):
+            assert seen is want[key]
+        else:
+            assert seen is have[key]  # with its connection counts, for drain decisions
+    assert diff_dests(svc, want, kept) == diff_dests(svc, want, have)
 
 
 @given(st.sets(st.text(min_size=1, max_size=3)), st.sets(st.text(min_size=1, max_size=3)))
