@@ -45,7 +45,7 @@ from ipvsproxy.model import (
     DestKey,
     ObservedDest,
     Protocol,
-    RealServer,
+    RealServerLike,
     Seen,
     ServiceKey,
     VirtualServer,
@@ -329,7 +329,7 @@ class Dataplane:
         # Real server operations come grouped by virtual server: look its maps up once a group.
         service: ServiceKey | None = None
         dests: dict[DestKey, Seen] = {}
-        want: Mapping[DestKey, RealServer] = {}
+        want: Mapping[DestKey, RealServerLike] = {}
         touched: list[ServiceKey] = []
         for op in ops:
             if isinstance(op, ServiceOp):
@@ -550,7 +550,7 @@ def _own_copy(
 
 def _share_desired(
     dests: dict[ServiceKey, Mapping[DestKey, Seen]],
-    desired: Mapping[ServiceKey, Mapping[DestKey, RealServer]],
+    desired: Mapping[ServiceKey, Mapping[DestKey, DestKey]],
     services: Iterable[ServiceKey],
 ) -> None:
     """Where the kernel now holds exactly the desired real servers, the cache holds the

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ipvsproxy import ipsets as S
-from ipvsproxy.model import DestKey, RealServer, ServiceKey, VirtualServer
+from ipvsproxy.model import DestKey, ServiceKey, VirtualServer
 from ipvsproxy.plan import EMPTY, OutFilter, ServicePlan
 
 T = TypeVar("T")
@@ -42,7 +42,7 @@ class DesiredState:
     def __init__(self) -> None:
         self.plans: dict[str, ServicePlan] = {}
         self.virtual_servers: dict[ServiceKey, VirtualServer] = {}
-        self.real_servers: dict[ServiceKey, Mapping[DestKey, RealServer]] = {}
+        self.real_servers: dict[ServiceKey, Mapping[DestKey, DestKey]] = {}
         self.owner: dict[ServiceKey, str] = {}
         self.bind_refs: Counter[str] = Counter()
         self.member_refs: dict[str, Counter[str]] = {name: Counter() for name in S.NAMES}

@@ -17,6 +17,7 @@ from ipvsproxy.model import (
     DestKey,
     Protocol,
     RealServer,
+    RealServerLike,
     Seen,
     ServiceKey,
     VirtualServer,
@@ -42,7 +43,7 @@ class ServiceOp:
 class DestOp:
     kind: OpKind
     service: ServiceKey
-    server: RealServer
+    server: RealServerLike
 
     def __str__(self) -> str:
         return f"{self.kind} real server {self.server.key} of {self.service}"
@@ -92,13 +93,13 @@ def diff_services(
     return ops
 
 
-def _by_key(item: tuple[DestKey, RealServer]) -> tuple[str, int]:
+def _by_key(item: tuple[DestKey, RealServerLike]) -> tuple[str, int]:
     return item[0].address, item[0].port
 
 
 def diff_dests(
     service: ServiceKey,
-    desired: Mapping[DestKey, RealServer],
+    desired: Mapping[DestKey, RealServerLike],
     observed: Mapping[DestKey, Seen],
     expired: Collection[DestKey] = (),
 ) -> list[DestOp]:
@@ -133,7 +134,7 @@ def diff_dests(
 
 
 def adopt_dests(
-    desired: Mapping[DestKey, RealServer], observed: Mapping[DestKey, Seen]
+    desired: Mapping[DestKey, RealServerLike], observed: Mapping[DestKey, Seen]
 ) -> Mapping[DestKey, Seen]:
     """What a full sync keeps of the real servers it read back from one virtual server.
 

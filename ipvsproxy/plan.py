@@ -22,7 +22,6 @@ from ipvsproxy.model import (
     SVC_F_PERSISTENT,
     DestKey,
     Protocol,
-    RealServer,
     ServiceKey,
     VirtualServer,
 )
@@ -75,7 +74,7 @@ class ServicePlan:
     """One Service's share of the node's desired dataplane."""
 
     virtual_servers: Mapping[ServiceKey, VirtualServer] = field(default_factory=dict)
-    real_servers: Mapping[ServiceKey, Mapping[DestKey, RealServer]] = field(default_factory=dict)
+    real_servers: Mapping[ServiceKey, Mapping[DestKey, DestKey]] = field(default_factory=dict)
     bind: frozenset[str] = frozenset()
     members: Mapping[str, frozenset[str]] = field(default_factory=dict)
     out_filters: frozenset[OutFilter] = frozenset()
@@ -90,7 +89,7 @@ EMPTY = ServicePlan()
 class _Builder:
     def __init__(self) -> None:
         self.vs: dict[ServiceKey, VirtualServer] = {}
-        self.rs: dict[ServiceKey, dict[DestKey, RealServer]] = {}
+        self.rs: dict[ServiceKey, dict[DestKey, DestKey]] = {}
         self.bind: set[str] = set()
         self.members: defaultdict[str, set[str]] = defaultdict(set)
         self.out_filters: set[OutFilter] = set()
@@ -99,7 +98,7 @@ class _Builder:
         self.eps: dict[str, I.EndpointIdentity] = {}
         # The real servers of the last endpoint list seen: the virtual servers of one port
         # (cluster IP, node ports, load-balancer VIPs) mostly share one, and so its mapping.
-        self._last: tuple[list[Endpoint], dict[DestKey, RealServer]] | None = None
+        self._last: tuple[list[Endpoint], dict[DestKey, DestKey]] | None = None
 
     def add_vs(
         self, vs: VirtualServer, endpoints: list[Endpoint], sp: ServicePort, role: str
@@ -112,7 +111,7 @@ class _Builder:
         rs = {}
         for e in endpoints:
             key = DestKey(e.address, e.port)
-            rs[key] = RealServer(key, 1)
+            rs[key] = key  # weight 1, masquerade: see DestKey
         self._last = (endpoints, rs)
         self.rs[vs.key] = rs
 
@@ -120,7 +119,7 @@ class _Builder:
         self.members[set_name].add(entry)
 
     def build(self) -> ServicePlan:
-        frozen: dict[int, Mapping[DestKey, RealServer]] = {}  # one copy of each shared mapping
+        frozen: dict[int, Mapping[DestKey, DestKey]] = {}  # one copy of each shared mapping
         real_servers = {}
         for key, rs in self.rs.items():
             if id(rs) not in frozen:

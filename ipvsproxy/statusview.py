@@ -32,6 +32,7 @@ from ipvsproxy.model import (
     ObservedDest,
     Protocol,
     RealServer,
+    RealServerLike,
     ServiceKey,
     Traffic,
     VirtualServer,
@@ -68,7 +69,7 @@ def rfc3339(ts: float | None) -> str | None:
 def daemon_document(
     node: str,
     virtual_servers: Mapping[ServiceKey, VirtualServer],
-    real_servers: Mapping[ServiceKey, Mapping[DestKey, RealServer]],
+    real_servers: Mapping[ServiceKey, Mapping[DestKey, RealServerLike]],
     identities: Mapping[str, ServiceIdentity],
     last_sync: float | None,
     pending: int,
@@ -106,7 +107,7 @@ class DaemonView:
     pending: int
     invalid: Mapping[str, str]
     virtual_servers: Mapping[ServiceKey, VirtualServer]
-    real_servers: Mapping[ServiceKey, Mapping[DestKey, RealServer]]
+    real_servers: Mapping[ServiceKey, Mapping[DestKey, RealServerLike]]
     identities: Mapping[str, ServiceIdentity]
 
 
@@ -118,7 +119,7 @@ def parse_daemon_document(doc: Mapping[str, Any]) -> DaemonView:
         raise ValueError(f"unsupported daemon status version {doc.get('version')!r}")
     try:
         vss: dict[ServiceKey, VirtualServer] = {}
-        rss: dict[ServiceKey, dict[DestKey, RealServer]] = {}
+        rss: dict[ServiceKey, dict[DestKey, RealServerLike]] = {}
         for addr, proto, port, sched, flags, timeout, netmask, dests in doc["desired"]:
             key = ServiceKey(str(addr), Protocol(proto), int(port))
             vss[key] = VirtualServer(key, str(sched), int(flags), int(timeout), int(netmask))
@@ -166,7 +167,7 @@ def drift(daemon: DaemonView, kernel: KernelView, ours: Collection[ServiceKey]) 
 
 
 def _draining(
-    op: DestOp, want: Mapping[DestKey, RealServer], have: Mapping[DestKey, ObservedDest]
+    op: DestOp, want: Mapping[DestKey, RealServerLike], have: Mapping[DestKey, ObservedDest]
 ) -> bool:
     key = op.server.key
     return (

@@ -14,6 +14,7 @@ from ipvsproxy.model import (
     ObservedDest,
     Protocol,
     RealServer,
+    RealServerLike,
     ServiceKey,
     Traffic,
     VirtualServer,
@@ -132,9 +133,9 @@ def _service_full(vs: VirtualServer) -> bytes:
     )
 
 
-def _dest_full(rs: RealServer) -> bytes:
+def _dest_full(rs: RealServerLike) -> bytes:
     """A nested destination attribute with every setting (see ``_DEST_FULL``)."""
-    addr = rs.key.address
+    addr, port = rs.key
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     return _DEST_FULL.pack(
         _DEST_FULL.size,
@@ -144,7 +145,7 @@ def _dest_full(rs: RealServer) -> bytes:
         socket.inet_pton(family, addr),  # "16s" pads an IPv4 address with zeros
         6,
         DEST_PORT,
-        _BE16.pack(rs.key.port),
+        _BE16.pack(port),
         8,
         DEST_FWD_METHOD,
         rs.fwd_method,
@@ -191,7 +192,7 @@ class Encoder:
             self._svc_attr = codec.nested(ATTR_SERVICE, _service_id(key))
         return self._svc_attr
 
-    def new_dest(self, seq: int, key: ServiceKey, rs: RealServer) -> bytes:
+    def new_dest(self, seq: int, key: ServiceKey, rs: RealServerLike) -> bytes:
         """The hot path of a cold sync (one per real server): what ``_msg`` would build, with
         its calls folded in; the same bytes."""
         svc = self._svc_attr if key is self._svc_key else self._service_attr(key)
@@ -210,7 +211,7 @@ class Encoder:
             + body
         )
 
-    def set_dest(self, seq: int, key: ServiceKey, rs: RealServer) -> bytes:
+    def set_dest(self, seq: int, key: ServiceKey, rs: RealServerLike) -> bytes:
         return self._msg(CMD_SET_DEST, seq, self._service_attr(key) + _dest_full(rs))
 
     def del_dest(self, seq: int, key: ServiceKey, dest: DestKey) -> bytes:
