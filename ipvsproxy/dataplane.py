@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -308,7 +308,7 @@ class Dataplane:
                 raise
             return len(ops)
 
-        _in_chunks(ordered, CHUNK_VIRTUAL_SERVERS, apply)
+        _each(_chunked(ordered, CHUNK_VIRTUAL_SERVERS), apply)
 
     def _blame(self, ops: list[ServiceOp | DestOp], exc: ApplyError) -> None:
         """Name the Services whose virtual servers the kernel refused (for Events)."""
@@ -331,10 +331,11 @@ class Dataplane:
         dests: dict[DestKey, Seen] = {}
         want: Mapping[DestKey, RealServerLike] = {}
         touched: list[ServiceKey] = []
+        delete = OpKind.DELETE
         for op in ops:
             if isinstance(op, ServiceOp):
                 key = op.server.key
-                if op.kind is OpKind.DELETE:
+                if op.kind is delete:
                     obs.services.pop(key, None)
                     obs.dests.pop(key, None)
                     self.state.virtual_servers.discard(key)
@@ -349,8 +350,9 @@ class Dataplane:
                 dests = _own_copy(obs.dests, service)
                 want = self.desired.real_servers.get(service, {})
                 touched.append(service)
-            dest = op.server.key
-            if op.kind is OpKind.DELETE:
+            server = op.server
+            dest = server if type(server) is DestKey else server.key
+            if op.kind is delete:
                 dests.pop(dest, None)
                 draining.pop((service, dest), None)
                 if service.protocol is Protocol.UDP:
@@ -358,9 +360,9 @@ class Dataplane:
                 continue
             old = dests.get(dest) if dests else None
             if old is None or old.stats is IDLE:
-                dests[dest] = op.server
+                dests[dest] = server
             else:
-                dests[dest] = ObservedDest(op.server, old.stats)
+                dests[dest] = ObservedDest(server, old.stats)
             if dest in want:
                 if draining:
                     draining.pop((service, dest), None)
@@ -395,7 +397,7 @@ class Dataplane:
             ops += [op for op in diff_dests(key, want, have, expired) if op.kind is OpKind.DELETE]
         _apply(self.b.ipvs.apply, ops, self._record)
 
-    def _members(self, members: set[tuple[str, str]]) -> None:
+    def _members(self, members: Mapping[str, set[str]]) -> None:
         obs = self.observed
         assert obs is not None
 
@@ -404,12 +406,18 @@ class Dataplane:
                 target = obs.members.setdefault(op.set_name, set())
                 (target.add if op.kind is OpKind.ADD else target.discard)(op.entry)
 
-        def apply(chunk: list[tuple[str, str]]) -> int:
-            ops = member_ops(self.desired, chunk, obs.members)
+        def apply(chunk: tuple[str, list[str]]) -> int:
+            name, entries = chunk
+            ops = member_ops(self.desired, name, entries, obs.members.get(name, set()))
             _apply(self.b.ipsets.apply, ops, record)
             return len(ops)
 
-        _in_chunks(sorted(members), CHUNK_MEMBERS, apply)
+        chunks = (
+            (name, part)
+            for name in sorted(members)
+            for part in _chunked(sorted(members[name]), CHUNK_MEMBERS)
+        )
+        _each(chunks, apply)
 
     def _rules(self) -> None:
         obs = self.observed
@@ -481,8 +489,7 @@ def all_keys(
     return Changes(
         services=set(desired.virtual_servers) | set(services),
         addresses=set(desired.bind_refs) | bound,
-        members={(n, e) for n in S.NAMES for e in desired.members(n)}
-        | {(n, e) for n, es in members.items() for e in es},
+        members={n: desired.members(n) | members.get(n, set()) for n in S.NAMES},
         rules=True,
     )
 
@@ -521,20 +528,12 @@ def service_ops(
 
 
 def member_ops(
-    desired: DesiredState,
-    members: Collection[tuple[str, str]],
-    observed: Mapping[str, set[str]],
+    desired: DesiredState, name: str, changed: Collection[str], observed: set[str]
 ) -> list[MemberOp]:
-    """ipset member operations for the changed ``members``, against the kernel's sets."""
-    by_set: dict[str, set[str]] = {}
-    for name, entry in members:
-        by_set.setdefault(name, set()).add(entry)
-    ops = []
-    for name in sorted(by_set):
-        entries = by_set[name]
-        want = desired.members_among(name, entries)
-        ops += diff_members(name, want, observed.get(name, set()) & entries)
-    return ops
+    """ipset member operations for the ``changed`` entries of set ``name``, against the
+    entries the kernel's set holds (``observed``)."""
+    entries = set(changed)
+    return diff_members(name, desired.members_among(name, entries), observed & entries)
 
 
 def _own_copy(
@@ -563,6 +562,7 @@ def _share_desired(
 
 
 _T = TypeVar("_T")
+_C = TypeVar("_C")
 
 # A full sync converges this many virtual servers (or ipset members) at a time: their
 # operations, encoded requests and outcomes are all that is held at once. Planning every
@@ -571,15 +571,20 @@ CHUNK_VIRTUAL_SERVERS = 512
 CHUNK_MEMBERS = 4096
 
 
-def _in_chunks(items: Sequence[_T], size: int, apply: Callable[[list[_T]], int]) -> None:
-    """``apply`` each chunk of ``items`` in order (it returns how many operations it applied);
-    a chunk the kernel partly rejected does not stop the others: the rejections are raised
-    together at the end."""
+def _chunked(items: Sequence[_T], size: int) -> Iterator[list[_T]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
+
+
+def _each(chunks: Iterable[_C], apply: Callable[[_C], int]) -> None:
+    """``apply`` each chunk in order (it returns how many operations it applied); a chunk the
+    kernel partly rejected does not stop the others: the rejections are raised together at
+    the end."""
     rejected: list[Rejected] = []
     applied = 0
-    for start in range(0, len(items), size):
+    for chunk in chunks:
         try:
-            applied += apply(list(items[start : start + size]))
+            applied += apply(chunk)
         except ApplyError as exc:
             rejected += exc.rejected
             applied += exc.applied

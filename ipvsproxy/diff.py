@@ -8,8 +8,8 @@ without a kernel.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from ipvsproxy.model import (
     DEST_ORDER,
@@ -30,8 +30,11 @@ class OpKind(StrEnum):
     DELETE = "delete"
 
 
-@dataclass(frozen=True, slots=True)
-class ServiceOp:
+# Operations are named tuples: a cold sync makes one per real server (a frozen dataclass's
+# __init__ cost twice a tuple's there).
+
+
+class ServiceOp(NamedTuple):
     kind: OpKind
     server: VirtualServer
 
@@ -39,8 +42,7 @@ class ServiceOp:
         return f"{self.kind} virtual server {self.server.key}"
 
 
-@dataclass(frozen=True, slots=True)
-class DestOp:
+class DestOp(NamedTuple):
     kind: OpKind
     service: ServiceKey
     server: RealServerLike
@@ -49,8 +51,7 @@ class DestOp:
         return f"{self.kind} real server {self.server.key} of {self.service}"
 
 
-@dataclass(frozen=True, slots=True)
-class MemberOp:
+class MemberOp(NamedTuple):
     kind: OpKind  # ADD or DELETE
     set_name: str
     entry: str
@@ -59,8 +60,7 @@ class MemberOp:
         return f"{self.kind} {self.entry} in ipset {self.set_name}"
 
 
-@dataclass(frozen=True, slots=True)
-class AddressOp:
+class AddressOp(NamedTuple):
     kind: OpKind  # ADD or DELETE
     address: str
 

@@ -62,12 +62,14 @@ class ServiceIdentity:
         return cls(_frozen(virtual_servers), _frozen(endpoints))
 
     def to_json(self) -> dict[str, Any]:
+        # The protocol as its StrEnum member (equal to, and encoded as, its value: reading
+        # .value is a Python-level descriptor), endpoints sorted by their unique address:
+        # the state file's first snapshot renders every Service (0.2 s at 10,000).
         return {
             "virtualServers": sorted(
-                [k.address, k.protocol.value, k.port, i.port_name, i.port, i.type, i.role]
-                for k, i in self.virtual_servers.items()
+                [*k, i.port_name, i.port, i.type, i.role] for k, i in self.virtual_servers.items()
             ),
-            "endpoints": sorted([a, e.pod, e.node] for a, e in self.endpoints.items()),
+            "endpoints": [[a, e.pod, e.node] for a, e in sorted(self.endpoints.items())],
         }
 
     @classmethod

@@ -191,6 +191,16 @@ def _pod_of(ref: Any, sl: Mapping[str, Any]) -> str | None:
     return f"{namespace}/{ref['name']}"
 
 
+def _endpoint_fields(ep: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """addresses, conditions, nodeName, zone, targetRef. A compacted endpoint
+    (ipvsproxy.compact) holds them as attributes (None: absent), read here directly: through
+    its get() the planner spent 0.5 us per endpoint at 10,000 Services."""
+    if not isinstance(ep, dict) and hasattr(ep, "nodeName"):
+        return ep.addresses, ep.conditions, ep.nodeName, ep.zone, ep.targetRef
+    get = ep.get
+    return get("addresses"), get("conditions"), get("nodeName"), get("zone"), get("targetRef")
+
+
 def slice_endpoints(
     slices: Iterable[Mapping[str, Any]], port_name: str, protocol: Protocol
 ) -> list[Endpoint]:
@@ -220,22 +230,20 @@ def endpoints_by_port(
             continue
         numbered: list[tuple[dict[tuple[str, int], Endpoint], int]] | None = None
         for ep in sl.get("endpoints") or []:
-            get = ep.get
-            cond = get("conditions") or {}
+            addresses, cond, node, zone, ref = _endpoint_fields(ep)
+            cond = cond or {}
             ready = cond.get("ready")
             ready = True if ready is None else bool(ready)
             serving = cond.get("serving")
             serving = ready if serving is None else bool(serving)
             terminating = bool(cond.get("terminating"))
-            for addr in (get("addresses") or [])[:1]:  # the first address is the one used
+            for addr in (addresses or [])[:1]:  # the first address is the one used
                 try:
                     ip = canonical_ip(addr)
                 except ValueError:
                     continue
                 if numbered is None:
                     numbered = [(found, int(port)) for found, port in matched]
-                node: Any = None
-                zone: Any = None
                 pod: str | None = None
                 first = True
                 for found, number in numbered:
@@ -244,11 +252,7 @@ def endpoints_by_port(
                     if old is not None and old.ready:
                         continue
                     if first:
-                        node, zone, pod = (
-                            get("nodeName"),
-                            get("zone"),
-                            _pod_of(get("targetRef"), sl),
-                        )
+                        pod = _pod_of(ref, sl)
                         first = False
                     found[key] = Endpoint(ip, number, ready, serving, terminating, node, zone, pod)
     return [[found[k] for k in sorted(found)] for found in seen]

@@ -26,6 +26,7 @@ def encode(enc: m.Encoder, seq: int, op: ServiceOp | DestOp) -> bytes:
     return enc.del_dest(seq, op.service, op.server.key)
 
 
+_ADD_DEST = "add_dest"
 _KINDS = {
     (kind, cls): f"{kind}_{name}"
     for kind in OpKind
@@ -90,14 +91,17 @@ class IPVS:
             return 0
         enc, next_seq = self.encoder, self.sock.next_seq
         requests = []
+        kinds = []
+        add = OpKind.ADD
         for op in ops:
             seq = next_seq()
-            if op.kind is OpKind.ADD and type(op) is DestOp:  # most of a cold sync: directly
+            if op.kind is add and type(op) is DestOp:  # most of a cold sync: directly
                 requests.append((seq, enc.new_dest(seq, op.service, op.server)))
+                kinds.append(_ADD_DEST)
             else:
                 requests.append((seq, encode(enc, seq, op)))
+                kinds.append(_KINDS[op.kind, type(op)])
         outcomes = self.sock.execute(requests)
-        kinds = [_KINDS[op.kind, type(op)] for op in ops]
         return settle_batch(
             kinds, [o.errno for o in outcomes], lambda i: str(ops[i]), self.counters
         )

@@ -47,7 +47,7 @@ def test_deleting_a_service_removes_its_plan(tmp_path: Path) -> None:
 
 def test_chunks_go_on_after_a_rejected_one_and_report_all_rejections() -> None:
     from ipvsproxy.backends.errors import ApplyError, Rejected
-    from ipvsproxy.dataplane import _in_chunks
+    from ipvsproxy.dataplane import _chunked, _each
 
     seen: list[list[int]] = []
 
@@ -59,8 +59,8 @@ def test_chunks_go_on_after_a_rejected_one_and_report_all_rejections() -> None:
         return len(chunk)
 
     with pytest.raises(ApplyError) as exc:
-        _in_chunks(list(range(1, 13)), 4, apply)
+        _each(_chunked(list(range(1, 13)), 4), apply)
     assert seen == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
     assert [r.what for r in exc.value.rejected] == ["op 5", "op 10"]
     assert exc.value.applied == 10
-    _in_chunks([1, 2, 3], 2, apply)  # nothing rejected: nothing raised
+    _each(_chunked([1, 2, 3], 2), apply)  # nothing rejected: nothing raised
