@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ipvsproxy import compact, gcpolicy, statusview
+from ipvsproxy import compact, gcpolicy, kubeapi, statusview
 from ipvsproxy.config import ProxyConfig
 from ipvsproxy.dataplane import Backends, Dataplane, SyncResult
 from ipvsproxy.events import EventRecorder
@@ -374,8 +374,6 @@ def api_client(cfg: ProxyConfig) -> Any:
 
 
 def run(cfg: ProxyConfig) -> int:
-    from kubernetes import client
-
     for warning in cfg.warnings:
         log.warning("config: %s", warning)
     api = api_client(cfg)
@@ -401,7 +399,6 @@ def run(cfg: ProxyConfig) -> int:
             cfg.metrics_bind_address,
             {"/status": json_route(lambda: (200, proxy.status_document()))},
         )
-    core, discovery = client.CoreV1Api(api), client.DiscoveryV1Api(api)
     watch_timeout = max(1, int(cfg.watch_timeout))
     proxied = "!service.kubernetes.io/headless"
     if cfg.service_proxy_name:
@@ -411,7 +408,7 @@ def run(cfg: ProxyConfig) -> int:
     proxy.informers = [
         Informer(
             "services",
-            core.list_service_for_all_namespaces,
+            kubeapi.Lister(api, kubeapi.SERVICES),
             proxy.on_service,
             stop=proxy.stop,
             label_selector=proxied,
@@ -420,7 +417,7 @@ def run(cfg: ProxyConfig) -> int:
         ),
         Informer(
             "endpointslices",
-            discovery.list_endpoint_slice_for_all_namespaces,
+            kubeapi.Lister(api, kubeapi.ENDPOINT_SLICES),
             proxy.on_slice,
             stop=proxy.stop,
             label_selector=LABEL_SERVICE_NAME,
@@ -431,17 +428,14 @@ def run(cfg: ProxyConfig) -> int:
     proxy.informers.append(
         Informer(
             "node",
-            core.list_node,
+            kubeapi.Lister(api, kubeapi.NODES),
             proxy.on_node,
             stop=proxy.stop,
             field_selector=f"metadata.name={node_name}",
             watch_timeout=watch_timeout,
         )
     )
-    events: Any = client.EventsV1Api(api)
-    proxy.events = EventRecorder(
-        lambda ns, body: events.create_namespaced_event(ns, body), node_name
-    )
+    proxy.events = EventRecorder(lambda ns, body: kubeapi.create_event(api, ns, body), node_name)
     for inf in proxy.informers:
         threading.Thread(target=inf.run, name=f"informer-{inf.name}", daemon=True).start()
 
