@@ -23,7 +23,7 @@ def capturing_client() -> Any:
     conf = client.Configuration(host="https://api.example:6443")
     conf.api_key = {"BearerToken": "t0ken"}
     conf.api_key_prefix = {"BearerToken": "Bearer"}
-    api = client.ApiClient(conf)
+    api: Any = client.ApiClient(conf)
 
     def call_api(*request: Any, _request_timeout: Any = None) -> Any:
         raise Sent(request, _request_timeout)
@@ -67,7 +67,7 @@ def test_lists_and_watches_send_what_the_generated_methods_send(
     path: str, generated: Any, kwargs: dict[str, Any]
 ) -> None:
     api = capturing_client()
-    opts = {"_preload_content": False, "_request_timeout": (10, 330)}
+    opts: dict[str, Any] = {"_preload_content": False, "_request_timeout": (10, 330)}
     theirs = sent(lambda: generated(api)(**kwargs, **opts))
     ours = sent(lambda: kubeapi.Lister(api, path)(**kwargs, **opts))
     assert ours == theirs
@@ -88,7 +88,7 @@ def an_event() -> dict[str, Any]:
 
 def test_an_event_is_posted_as_the_generated_method_posts_it() -> None:
     api = capturing_client()
-    body = an_event()
+    body: Any = an_event()
     theirs = sent(lambda: client.EventsV1Api(api).create_namespaced_event("ns-1", body))
     ours = sent(lambda: kubeapi.create_event(api, "ns-1", body))
     (method, url, headers, body_sent, form), _timeout = ours
