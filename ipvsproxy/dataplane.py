@@ -34,6 +34,8 @@ from ipvsproxy.diff import (
     OpKind,
     ServiceOp,
     adopt_dests,
+    adopt_members,
+    adopt_services,
     diff_addresses,
     diff_dests,
     diff_members,
@@ -214,8 +216,9 @@ class Dataplane:
         return result
 
     def _read_kernel(self) -> _Observed:
-        services = self.b.ipvs.services()
-        bound = self.b.addresses.bound()
+        """What the kernel holds, held as the desired objects where it is as desired."""
+        services = adopt_services(self.desired.virtual_servers, self.b.ipvs.services())
+        bound = adopt_members(self.desired.bind_refs.keys(), self.b.addresses.bound())
         watched = {
             k
             for k in services
@@ -228,7 +231,7 @@ class Dataplane:
         members = self.b.ipsets.read()
         self.b.ipsets.ensure(members)
         for name in S.NAMES:
-            members.setdefault(name, set())
+            members[name] = adopt_members(self.desired.member_keys(name), members.get(name, set()))
         ipt = self.b.iptables.read()
         text = self._rules_text()
         # Our chains are as we last wrote them: same rendering, same kernel copy, jumps in place.

@@ -60,6 +60,12 @@ class DesiredState:
             return set(self.bind_refs)
         return set(self.member_refs[set_name])
 
+    def member_keys(self, set_name: str) -> Collection[str]:
+        """The entries ``set_name`` should hold, as held here (no copy)."""
+        if set_name == S.IPVS_IPS:
+            return self.bind_refs.keys()
+        return self.member_refs[set_name].keys()
+
     def has_member(self, set_name: str, entry: str) -> bool:
         if set_name == S.IPVS_IPS:
             return entry in self.bind_refs

@@ -159,6 +159,34 @@ def adopt_dests(
     return kept
 
 
+def adopt_services(
+    desired: Mapping[ServiceKey, VirtualServer], observed: Mapping[ServiceKey, VirtualServer]
+) -> dict[ServiceKey, VirtualServer]:
+    """The virtual servers a full sync read back, those as desired held as the desired
+    objects (see ``adopt_dests``): the kernel's copies, kept until the next full sync, were
+    ~4.5 MiB at 10,000 Services."""
+    kept: dict[ServiceKey, VirtualServer] = {}
+    for key, have in observed.items():
+        want = desired.get(key)
+        if want is not None and want.same_settings(have):
+            kept[want.key] = want
+        else:
+            kept[key] = have
+    return kept
+
+
+def adopt_members(desired: Collection[str], observed: set[str]) -> set[str]:
+    """The entries of an ipset (or the addresses bound) a full sync read back, as the desired
+    strings where they are desired, the kernel's otherwise (a fresh string per member was
+    ~5 MiB at 10,000 Services, kept until the next full sync)."""
+    if not observed:
+        return set()
+    kept = {e for e in desired if e in observed}
+    if len(kept) < len(observed):
+        kept |= observed - kept
+    return kept
+
+
 def diff_members(
     set_name: str, desired: Collection[str], observed: Collection[str]
 ) -> list[MemberOp]:

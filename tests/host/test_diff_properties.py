@@ -19,6 +19,8 @@ from ipvsproxy.diff import (
     OpKind,
     ServiceOp,
     adopt_dests,
+    adopt_members,
+    adopt_services,
     diff_addresses,
     diff_dests,
     diff_members,
@@ -143,6 +145,30 @@ def test_adopting_a_read_back_changes_no_decision(
         else:
             assert seen is have[key]  # with its connection counts, for drain decisions
     assert diff_dests(svc, want, kept) == diff_dests(svc, want, have)
+
+
+@given(st.lists(vservers), st.lists(vservers))
+def test_adopted_virtual_servers_are_the_desired_objects_where_as_desired(
+    a: list[VirtualServer], b: list[VirtualServer]
+) -> None:
+    have = {vs.key: vs for vs in a}
+    want = {vs.key: vs for vs in b}
+    kept = adopt_services(want, have)
+    assert kept.keys() == have.keys()
+    for key, vs in kept.items():
+        same = key in want and want[key].same_settings(have[key])
+        assert vs is (want[key] if same else have[key])
+    assert diff_services(want, kept, lambda k: True) == diff_services(want, have, lambda k: True)
+
+
+@given(st.sets(st.text(min_size=1, max_size=3)), st.sets(st.text(min_size=1, max_size=3)))
+def test_adopted_members_are_the_desired_strings(a: set[str], b: set[str]) -> None:
+    have = {"".join(e) for e in a}  # equal strings, other objects than b's
+    kept = adopt_members(b, have)
+    assert kept == have and kept is not have
+    for e in kept:
+        if e in b:
+            assert any(e is x for x in b)  # the desired string itself
 
 
 @given(st.sets(st.text(min_size=1, max_size=3)), st.sets(st.text(min_size=1, max_size=3)))
