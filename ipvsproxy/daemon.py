@@ -30,7 +30,7 @@ from ipvsproxy.nodeaddrs import local_addresses, node_port_addresses
 from ipvsproxy.objects import LABEL_SERVICE_NAME
 from ipvsproxy.plan import NodeFacts, PlanConfig
 from ipvsproxy.rules import RulesConfig
-from ipvsproxy.watch import Informer, Obj
+from ipvsproxy.watch import Informer, Kept
 
 log = logging.getLogger("ipvsproxy")
 TRIGGER_ANNOTATION = compact.TRIGGER_ANNOTATION
@@ -72,8 +72,8 @@ class Proxy:
         self.dp = dataplane
         self.metrics = metrics
         self.health = HealthState(timeout=2 * cfg.sync_period)
-        self.services: dict[str, Obj] = {}
-        self.slices: dict[str, dict[str, Obj]] = {}  # service key -> slice key -> slice
+        self.services: dict[str, Kept] = {}
+        self.slices: dict[str, dict[str, Kept]] = {}  # service key -> slice key -> slice
         self.dirty: dict[str, float | None] = {}  # service key -> trigger time
         self.cond = threading.Condition()
         self.stop = threading.Event()
@@ -95,7 +95,7 @@ class Proxy:
             self.metrics.last_queued.set(time.time())
             self.cond.notify_all()
 
-    def on_service(self, key: str, _old: Obj | None, new: Obj | None) -> None:
+    def on_service(self, key: str, _old: Kept | None, new: Kept | None) -> None:
         with self.cond:
             if new is None:
                 self.services.pop(key, None)
@@ -104,7 +104,7 @@ class Proxy:
         self.metrics.service_total.inc()
         self._mark(key, None)
 
-    def on_node(self, _key: str, _old: Obj | None, new: Obj | None) -> None:
+    def on_node(self, _key: str, _old: Kept | None, new: Kept | None) -> None:
         """/healthz fails while this node is going away, so load balancers drain it first."""
         meta = (new or {}).get("metadata") or {}
         taints = ((new or {}).get("spec") or {}).get("taints") or []
@@ -113,7 +113,7 @@ class Proxy:
         with self.health.lock:
             self.health.node_eligible = not (deleting or autoscaled)
 
-    def on_slice(self, key: str, old: Obj | None, new: Obj | None) -> None:
+    def on_slice(self, key: str, old: Kept | None, new: Kept | None) -> None:
         obj = new or old or {}
         meta = obj.get("metadata") or {}
         name = (meta.get("labels") or {}).get(LABEL_SERVICE_NAME)
@@ -299,7 +299,7 @@ def _backends(b: Backends) -> list[Any]:
     return [b.ipvs, b.addresses, b.ipsets, b.iptables, b.conntrack, b.sysctls]
 
 
-def _trigger_time(obj: Obj | None) -> float | None:
+def _trigger_time(obj: Kept | None) -> float | None:
     if not obj:
         return None
     text = ((obj.get("metadata") or {}).get("annotations") or {}).get(TRIGGER_ANNOTATION)

@@ -24,7 +24,8 @@ log = logging.getLogger("ipvsproxy.watch")
 iter_resp_lines: Callable[[Any], Any] = _k8s_watch.iter_resp_lines
 
 Obj = dict[str, Any]
-Handler = Callable[[str, Obj | None, Obj | None], None]  # key, old, new
+Kept = Mapping[str, Any]  # what the cache keeps of an object (see ``transform``)
+Handler = Callable[[str, Kept | None, Kept | None], None]  # key, old, new
 
 
 class Gone(Exception):
@@ -71,11 +72,11 @@ class Informer:
         label_selector: str | None = None,
         field_selector: str | None = None,
         max_backoff: float = 30.0,
-        transform: Callable[[Obj], Obj] | None = None,
+        transform: Callable[[Obj], Kept] | None = None,
     ) -> None:
         self.name = name
         # What the cache keeps of each object (see ipvsproxy.compact); None: all of it.
-        self.transform = transform or dict
+        self.transform: Callable[[Obj], Kept] = transform or dict
         self.list_fn = list_fn
         self.on_change = on_change
         self.stop = stop
@@ -86,7 +87,7 @@ class Informer:
             for k, v in (("label_selector", label_selector), ("field_selector", field_selector))
             if v
         }
-        self.cache: dict[str, Obj] = {}
+        self.cache: dict[str, Kept] = {}
         self.resource_version: str | None = None
         self.synced = threading.Event()
         self.counters = Counters()
@@ -125,7 +126,7 @@ class Informer:
 
     def relist(self) -> None:
         """List every page and report what differs from the cache."""
-        fresh: dict[str, Obj] = {}
+        fresh: dict[str, Kept] = {}
         token: str | None = None
         rv = None
         while True:

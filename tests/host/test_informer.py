@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from ipvsproxy.watch import Informer, Obj
+from ipvsproxy.watch import Informer, Kept
 from lab.apiserver import APIServer
 
 
@@ -35,7 +35,7 @@ def wait(check: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 def start(
-    api: Any, events: list[tuple[str, Obj | None, Obj | None]]
+    api: Any, events: list[tuple[str, Kept | None, Kept | None]]
 ) -> tuple[Informer, threading.Event]:
     stop = threading.Event()
     inf = Informer(
@@ -54,7 +54,7 @@ def test_pages_then_watches_then_relists_after_410(core: tuple[APIServer, Any]) 
     srv, api = core
     for i in range(5):
         api.create_namespaced_service("default", svc(f"s{i}"))
-    events: list[tuple[str, Obj | None, Obj | None]] = []
+    events: list[tuple[str, Kept | None, Kept | None]] = []
     inf, stop = start(api, events)
     try:
         wait(inf.synced.is_set)
