@@ -46,7 +46,7 @@ def _frozen(d: Mapping[Any, Any]) -> Mapping[Any, Any]:
     return MappingProxyType(dict(d))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServiceIdentity:
     """One Service's names: its virtual servers, and its endpoints by address."""
 

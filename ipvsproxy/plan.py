@@ -69,7 +69,7 @@ def _sealed(d: dict[Any, Any]) -> Mapping[Any, Any]:
     return MappingProxyType(d)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServicePlan:
     """One Service's share of the node's desired dataplane."""
 
