@@ -7,8 +7,9 @@ at 10,000 Services x 10 endpoints the cache alone was ~175 MiB. Upstream kube-pr
 informers' objects too (it drops managedFields). Here an object keeps the fields the planner
 (``objects``), the daemon's marks and health checks read; repeated short strings are interned
 and the few distinct conditions are shared. Pure functions of the decoded JSON; the result is
-again plain JSON-shaped dicts, so every reader works on it unchanged. The compacted objects are
-shared and must not be modified.
+again JSON-shaped, read-only mappings (slotted, a third of a dict's size) that every reader
+reads with ``get`` and ``[]`` as it reads the API's dicts. The compacted objects are shared
+and cannot be modified.
 """
 
 from __future__ import annotations
@@ -143,6 +144,10 @@ class Slots(Mapping[str, Any]):
     FIELDS: tuple[str, ...] = ()
     _FIELDS: frozenset[str] = frozenset()
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._FIELDS = frozenset(cls.FIELDS)
+
     def get(self, key: str, default: Any = None) -> Any:
         if key not in self._FIELDS:
             return default
@@ -180,31 +185,26 @@ class Slots(Mapping[str, Any]):
 class Metadata(Slots):
     FIELDS = ("name", "namespace", "resourceVersion", "deletionTimestamp", "labels", "annotations")
     __slots__ = FIELDS
-    _FIELDS = frozenset(FIELDS)
 
 
 class Port(Slots):
     FIELDS = ("name", "protocol", "port", "nodePort")
     __slots__ = FIELDS
-    _FIELDS = frozenset(FIELDS)
 
 
 class Spec(Slots):
     FIELDS = _SPEC
     __slots__ = FIELDS
-    _FIELDS = frozenset(FIELDS)
 
 
 class Service(Slots):
     FIELDS = ("metadata", "spec", "status")
     __slots__ = FIELDS
-    _FIELDS = frozenset(FIELDS)
 
 
 class EndpointSlice(Slots):
     FIELDS = ("metadata", "addressType", "ports", "endpoints")
     __slots__ = FIELDS
-    _FIELDS = frozenset(FIELDS)
 
 
 class Ref(Slots):
@@ -214,7 +214,6 @@ class Ref(Slots):
 
     __slots__ = ("_name", "kind", "namespace", "pod")
     FIELDS = ("kind", "namespace", "name")
-    _FIELDS = frozenset(FIELDS)
 
     def __init__(self, kind: Any, namespace: Any, name: Any, slice_namespace: Any) -> None:
         self.kind, self.namespace = kind, namespace
@@ -249,7 +248,6 @@ class Endpoint(Slots):
 
     __slots__ = ("_address", "_ref", "conditions", "hints", "hostname", "nodeName", "zone")
     FIELDS = ("addresses", "conditions", "nodeName", "zone", "hints", "hostname", "targetRef")
-    _FIELDS = frozenset(FIELDS)
 
     def __init__(self, values: Mapping[str, Any]) -> None:
         for k in ("conditions", "hints", "hostname", "nodeName", "zone"):
