@@ -182,9 +182,8 @@ def service_ports(svc: Mapping[str, Any]) -> list[ServicePort]:
 
 
 def _pod_of(ref: Any, sl: Mapping[str, Any]) -> str | None:
-    pod = getattr(ref, "pod", None)  # a compacted ref (ipvsproxy.compact.Ref) carries it
-    if isinstance(pod, str):
-        return pod
+    """The Pod's path from a targetRef as the API sends it (a compacted endpoint carries its
+    own: see ``_endpoint_fields``)."""
     if not isinstance(ref, Mapping) or ref.get("kind", "Pod") != "Pod" or not ref.get("name"):
         return None
     namespace = ref.get("namespace") or (sl.get("metadata") or {}).get("namespace") or "default"

@@ -101,17 +101,22 @@ def apply_dests(
     return out
 
 
-@given(
-    st.lists(st.tuples(reals, st.integers(0, 2))),
-    st.lists(reals),
-    st.sampled_from(list(Protocol)),
-)
+# Real servers as read back (with active connections) and as desired, for one virtual server.
+read_backs = st.lists(st.tuples(reals, st.integers(0, 2)))
+
+
+def dest_case(
+    a: list[tuple[RealServer, int]], b: list[RealServer], proto: Protocol
+) -> tuple[ServiceKey, dict[DestKey, ObservedDest], dict[DestKey, RealServer]]:
+    have = {rs.key: ObservedDest(rs, DestStats(active=conns)) for rs, conns in a}
+    return ServiceKey("10.96.0.1", proto, 80), have, {rs.key: rs for rs in b}
+
+
+@given(read_backs, st.lists(reals), st.sampled_from(list(Protocol)))
 def test_dest_diff_applied_to_a_yields_b_with_graceful_termination(
     a: list[tuple[RealServer, int]], b: list[RealServer], proto: Protocol
 ) -> None:
-    svc = ServiceKey("10.96.0.1", proto, 80)
-    have = {rs.key: ObservedDest(rs, DestStats(active=conns)) for rs, conns in a}
-    want = {rs.key: rs for rs in b}
+    svc, have, want = dest_case(a, b, proto)
     result = apply_dests(have, diff_dests(svc, want, have))
     for key, rs in want.items():
         assert result[key].server == rs
@@ -124,19 +129,13 @@ def test_dest_diff_applied_to_a_yields_b_with_graceful_termination(
     assert set(final) == set(want)
 
 
-@given(
-    st.lists(st.tuples(reals, st.integers(0, 2))),
-    st.lists(reals),
-    st.sampled_from(list(Protocol)),
-)
+@given(read_backs, st.lists(reals), st.sampled_from(list(Protocol)))
 def test_adopting_a_read_back_changes_no_decision(
     a: list[tuple[RealServer, int]], b: list[RealServer], proto: Protocol
 ) -> None:
     """A full sync holds real servers already as desired as the desired objects (no copy);
     the operations it derives are the same as from the kernel's own copies."""
-    svc = ServiceKey("10.96.0.1", proto, 80)
-    have = {rs.key: ObservedDest(rs, DestStats(active=conns)) for rs, conns in a}
-    want = {rs.key: rs for rs in b}
+    svc, have, want = dest_case(a, b, proto)
     kept = adopt_dests(want, have)
     assert set(kept) == set(have)
     for key, seen in kept.items():
