@@ -205,6 +205,35 @@ def test_graceful_termination_keeps_established_connections(
         assert f"{leaving.ip}:8080" not in sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.96.1.9:80")
 
 
+def test_a_full_sync_adopts_the_kernel_and_a_later_removal_still_drains(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    """A periodic full sync holds the real servers it read back as the desired objects, without
+    their connection counts; removing one afterwards must still read the kernel's counts and
+    drain it at weight 0 while a connection is open, not delete it."""
+    n1 = lab_cluster.node("node-1")
+    a, b = n1.pods[0], lab_cluster.node("node-2").pods[0]
+    client = n1.pods[1]
+    svc = service("adopt", "10.96.1.12")
+    both = endpoint_slice("adopt", [endpoint(a.ip, a.node), endpoint(b.ip, b.node)])
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        program(ndp, (svc, [both]))
+        with netns.TCPSession(client.netns, "10.96.1.12", 80) as session:
+            first = session.ask()["pod"]
+            leaving, staying = (a, b) if first == a.name else (b, a)
+            full = ndp.run(lambda dp: dp.reconcile())
+            assert full.full and full.errors == [] and full.writes == 0
+            assert ndp.dp.observed is not None
+            key = next(k for k in ndp.dp.desired.real_servers if k.address == "10.96.1.12")
+            assert ndp.dp.observed.dests[key] is ndp.dp.desired.real_servers[key]  # adopted
+            only = endpoint_slice("adopt", [endpoint(staying.ip, staying.node)])
+            program(ndp, (svc, [only]))
+            table = sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.96.1.12:80")
+            drained = [line for line in table.splitlines() if f"{leaving.ip}:8080" in line]
+            assert drained and drained[0].split()[3] == "0"  # weight 0, not deleted
+            assert session.ask()["pod"] == leaving.name  # the open connection goes on
+
+
 def test_udp_clients_move_when_their_backend_goes(lab_cluster: Cluster, tmp_path: Path) -> None:
     n1 = lab_cluster.node("node-1")
     a, b = n1.pods[0], lab_cluster.node("node-2").pods[0]
