@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import time
+from itertools import filterfalse
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,22 +203,23 @@ class Dataplane:
         start, writes = time.monotonic(), self.b.writes()
         result = SyncResult(full=True)
         self.pending = Changes()
+        # The old cache goes before the kernel is read again: at 10,000 Services both at once
+        # were ~8 MiB on top of the state, the daemon's peak.
+        self.observed = None
         try:
             result.sysctls_set = self.b.sysctls.ensure(required(self.strict_arp))
             self.observed = self._read_kernel()
         except (ApplyError, OSError) as exc:
             result.errors.append(f"reading the kernel: {exc}")
             return result
-        obs = self.observed
-        everything = all_keys(self.desired, obs.services, obs.bound, obs.members)
-        self._converge(everything, result)
+        self._converge(differing(self.desired, self.observed), result)
         result.writes = self.b.writes() - writes
         result.seconds = time.monotonic() - start
         return result
 
     def _read_kernel(self) -> _Observed:
         """What the kernel holds, held as the desired objects where it is as desired."""
-        services = adopt_services(self.desired.virtual_servers, self.b.ipvs.services())
+        services = adopt_services(self.desired.virtual_servers, self.b.ipvs.each_service())
         bound = adopt_members(self.desired.bind_refs.keys(), self.b.addresses.bound())
         watched = {
             k
@@ -482,19 +484,31 @@ class Dataplane:
 # -- the diff step, pure: what a sync compares once the kernel's state is known ------------------
 
 
-def all_keys(
-    desired: DesiredState,
-    services: Iterable[ServiceKey],
-    bound: set[str],
-    members: Mapping[str, set[str]],
-) -> Changes:
-    """Every key that is desired or that the kernel holds: what a full reconcile compares."""
+def differing(desired: DesiredState, obs: _Observed) -> Changes:
+    """The keys whose kernel state a full sync must look at: every one not held as the
+    desired object itself. Reading the kernel back compared each of its objects with the
+    desired one and kept the desired object where they are the same (``adopt_*``), so a key
+    held as that object needs nothing. Naming every key instead held a copy of each (~8 MiB at
+    10,000 Services) for a sync that, without drift, writes nothing."""
+    want_vs, want_rs = desired.virtual_servers, desired.real_servers
+    services = {
+        k
+        for k, vs in want_vs.items()
+        if obs.services.get(k) is not vs or obs.dests.get(k) is not want_rs[k]
+    }
+    services.update(k for k in obs.services if k not in want_vs)
     return Changes(
-        services=set(desired.virtual_servers) | set(services),
-        addresses=set(desired.bind_refs) | bound,
-        members={n: desired.members(n) | members.get(n, set()) for n in S.NAMES},
+        services=services,
+        addresses=_either(desired.bind_refs.keys(), obs.bound),
+        members={n: _either(desired.member_keys(n), obs.members.get(n, set())) for n in S.NAMES},
         rules=True,
     )
+
+
+def _either(a: Collection[str], b: Collection[str]) -> set[str]:
+    """The entries in just one of ``a`` and ``b``, in a set sized for them (``a ^ b`` is sized
+    for all of ``a``: 5 MiB of empty tables at 10,000 Services)."""
+    return set(filterfalse(a.__contains__, b)) | set(filterfalse(b.__contains__, a))
 
 
 def address_ops(

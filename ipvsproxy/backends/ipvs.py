@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from ipvsproxy.backends.errors import ApplyError, Counters, Rejected, settle_batch
 from ipvsproxy.diff import DestOp, OpKind, ServiceOp
@@ -47,13 +47,15 @@ class IPVS:
         self.sock.close()
 
     def services(self) -> dict[ServiceKey, VirtualServer]:
+        return {vs.key: vs for vs in self.each_service()}
+
+    def each_service(self) -> Iterator[VirtualServer]:
+        """The virtual servers as they are read (a full sync keeps few of these objects)."""
         seq = self.sock.next_seq()
-        found: dict[ServiceKey, VirtualServer] = {}
         for msg in self.sock.dump(self.encoder.dump_services(seq), seq):
             vs = m.parse_service(msg)
             if vs is not None:
-                found[vs.key] = vs
-        return found
+                yield vs
 
     def dests(self, key: ServiceKey) -> dict[DestKey, Seen]:
         seq = self.sock.next_seq()

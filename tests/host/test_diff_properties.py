@@ -152,7 +152,7 @@ def test_adopted_virtual_servers_are_the_desired_objects_where_as_desired(
 ) -> None:
     have = {vs.key: vs for vs in a}
     want = {vs.key: vs for vs in b}
-    kept = adopt_services(want, have)
+    kept = adopt_services(want, have.values())
     assert kept.keys() == have.keys()
     for key, vs in kept.items():
         same = key in want and want[key].same_settings(have[key])
