@@ -12,9 +12,9 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import time
-from itertools import filterfalse
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import filterfalse
 from pathlib import Path
 from typing import Any, TypeVar
 
