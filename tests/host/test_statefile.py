@@ -11,7 +11,7 @@ import pytest
 
 from ipvsproxy.identity import EndpointIdentity, ServiceIdentity, VirtualServerIdentity
 from ipvsproxy.model import DestKey, Protocol, ServiceKey
-from ipvsproxy.statefile import State, StateFile
+from ipvsproxy.statefile import SERVERS_PER_PIECE, State, StateFile
 
 
 def identity(service: str, address: str, pods: dict[str, str]) -> ServiceIdentity:
@@ -87,6 +87,18 @@ def test_each_change_is_one_journal_line_and_reads_back(tmp_path: Path) -> None:
     assert again.save(state)
     assert len(again.journal.read_text().splitlines()) == len(changes) + 1
     assert StateFile(path).load() == state
+
+
+def test_many_virtual_servers_are_written_in_pieces_as_one_document(tmp_path: Path) -> None:
+    state = sample()
+    for i in range(2 * SERVERS_PER_PIECE + 7):  # three pieces, the last one short
+        proto = (Protocol.TCP, Protocol.UDP, Protocol.SCTP)[i % 3]
+        state.virtual_servers.add(ServiceKey(f"10.{i % 7}.{i // 250}.{i % 250}", proto, i % 9))
+    sf = StateFile(tmp_path / "state.json")
+    assert sf.save(state)
+    text = (tmp_path / "state.json").read_text()
+    assert text == json.dumps(state.to_json())
+    assert StateFile(tmp_path / "state.json").load() == state
 
 
 def test_a_journal_as_large_as_the_snapshot_is_folded_into_it(tmp_path: Path) -> None:
