@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import platform
 import sys
 from collections.abc import Sequence
@@ -50,6 +51,11 @@ def cmd_run(argv: Sequence[str]) -> int:
     cfg = _load("run", argv)
     if cfg is None:
         return 1
+    from ipvsproxy import mallocpolicy
+
+    # Before the daemon's imports and lists: what malloc hands out from here on follows it.
+    applied = mallocpolicy.configure()
+    logging.getLogger("ipvsproxy").debug("malloc settings: %s", applied or "unchanged")
     from ipvsproxy import daemon
 
     return daemon.run(cfg)
