@@ -1,5 +1,6 @@
 """ipsets over netlink: members added, removed and dumped with our own lean messages, in
-batches; sets created and destroyed by pyroute2 (rare: it knows each type's revisions).
+batches; sets created the same way (each type at the newest revision the kernel has) and
+destroyed by pyroute2 (only ``ipvsproxy cleanup`` does).
 
 Members change with every endpoint change, so they go as batched nfnetlink requests (pyroute2's
 IPSet sends one request per entry and waits for each ack), each with its own ack: a refused
@@ -10,6 +11,7 @@ one dump, decoded here rather than by pyroute2's codec (~200 µs a message).
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
@@ -17,14 +19,7 @@ from ipvsproxy import ipsets as S
 from ipvsproxy.backends.errors import Counters, Result, settle, settle_batch
 from ipvsproxy.diff import MemberOp, OpKind
 from ipvsproxy.netlink import ipset_messages as msgs
-from ipvsproxy.netlink.sock import NETLINK_NETFILTER, NetlinkSocket
-
-
-def _creator(spec: S.IPSetSpec) -> Callable[[Any], object]:
-    """Upstream's parameters: bitmaps over every port, hashes of 1024 buckets / 65536 members."""
-    if spec.type.startswith("bitmap:"):
-        return lambda ips: ips.create(spec.name, stype=spec.type, bitmap_ports_range=(0, 65535))
-    return lambda ips: ips.create(spec.name, stype=spec.type, hashsize=1024, maxelem=65536)
+from ipvsproxy.netlink.sock import NETLINK_NETFILTER, NetlinkError, NetlinkSocket
 
 
 def encode(seq: int, op: MemberOp) -> bytes:
@@ -61,8 +56,36 @@ class IPSets:
     def ensure(self, existing: Collection[str], names: Iterable[str] = S.NAMES) -> int:
         """Create the sets that are missing; returns how many were created."""
         missing = [S.BY_NAME[n] for n in sorted(names) if n not in existing]
-        self._each([f"create ipset {s.name}" for s in missing], [_creator(s) for s in missing])
+        if not missing:
+            return 0
+        revisions: dict[str, int] = {}
+        requests = []
+        for spec in missing:
+            if spec.type not in revisions:
+                revisions[spec.type] = self._newest_revision(spec.type)
+            seq = self.sock.next_seq()
+            requests.append(
+                (seq, msgs.create_request(seq, spec.name, spec.type, revisions[spec.type]))
+            )
+        outcomes = self.sock.execute(requests)
+
+        def describe(i: int) -> str:
+            why = msgs.ERRORS.get(outcomes[i].errno) or os.strerror(outcomes[i].errno)
+            return f"create ipset {missing[i].name}: {why}"
+
+        settle_batch(["set"] * len(missing), [o.errno for o in outcomes], describe, self.counters)
         return len(missing)
+
+    def _newest_revision(self, set_type: str) -> int:
+        seq = self.sock.next_seq()
+        try:
+            (reply,) = self.sock.request(msgs.type_request(seq, set_type), seq)
+        except NetlinkError as exc:
+            code = exc.errno or errno.EINVAL
+            why = msgs.ERRORS.get(code) or exc.strerror
+            settle([Result("set", f"ipset type {set_type}: {why}", code)], self.counters)
+            raise  # settle raised for the failure already
+        return msgs.newest_revision(reply)
 
     def apply(self, ops: Sequence[MemberOp]) -> int:
         if not ops:

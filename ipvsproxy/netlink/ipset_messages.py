@@ -1,7 +1,9 @@
-"""ipset add/del requests over nfnetlink (include/uapi/linux/netfilter/ipset/ip_set.h).
+"""ipset requests over nfnetlink (include/uapi/linux/netfilter/ipset/ip_set.h): members added
+and deleted in batches with every endpoint change, sets listed and created.
 
-Only the hot path is here: members come and go in batches with every endpoint change. Sets
-are created, listed and destroyed with the ipset tool, which knows each type's revisions.
+A set is created with the newest revision of its type the kernel has, asked for first, as the
+ipset tool does. (Destroying sets, only ever done by ``ipvsproxy cleanup``, goes through
+pyroute2.)
 """
 
 from __future__ import annotations
@@ -15,22 +17,29 @@ from ipvsproxy.netlink import codec
 
 NFNL_SUBSYS_IPSET = 6
 IPSET_PROTOCOL = 6
+CMD_CREATE = 2
 CMD_LIST = 7
 CMD_ADD = 9
 CMD_DEL = 10
+CMD_TYPE = 13
 NLM_F_EXCL = 0x200
 NLA_F_NET_BYTEORDER = 0x4000
 
 ATTR_PROTOCOL = 1
 ATTR_SETNAME = 2
 ATTR_TYPENAME = 3
+ATTR_REVISION = 4
+ATTR_FAMILY = 5
 ATTR_DATA = 7
 ATTR_ADT = 8
 ATTR_LINENO = 9
 DATA_IP = 1
 DATA_CIDR = 3
 DATA_PORT = 4
+DATA_PORT_TO = 5
 DATA_PROTO = 7
+DATA_HASHSIZE = 18
+DATA_MAXELEM = 19
 DATA_IP2 = 20
 DATA_CIDR2 = 21
 IPADDR_IPV4 = 1
@@ -64,6 +73,7 @@ _IP_ATTR = struct.Struct("=HHHH4s")
 _PORT_ATTR = struct.Struct("=HH2s2x")
 _U8_ATTR = struct.Struct("=HH1s3x")
 _BE16 = struct.Struct("!H")
+_BE32_ATTR = struct.Struct("=HH4s")
 
 
 def _ip(kind: int, address: str) -> bytes:
@@ -73,8 +83,12 @@ def _ip(kind: int, address: str) -> bytes:
     )
 
 
-def _port(port: int) -> bytes:
-    return _PORT_ATTR.pack(6, DATA_PORT | NLA_F_NET_BYTEORDER, _BE16.pack(port))
+def _port(port: int, kind: int = DATA_PORT) -> bytes:
+    return _PORT_ATTR.pack(6, kind | NLA_F_NET_BYTEORDER, _BE16.pack(port))
+
+
+def _be32(kind: int, value: int) -> bytes:
+    return _BE32_ATTR.pack(8, kind | NLA_F_NET_BYTEORDER, value.to_bytes(4, "big"))
 
 
 def _u8(kind: int, value: int) -> bytes:
@@ -119,12 +133,46 @@ def member_message(seq: int, add: bool, set_name: str, set_type: str, entry: str
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, _MEMBER_FLAGS, seq, 0) + body
 
 
+def _request(cmd: int, seq: int, flags: int, attrs: bytes) -> bytes:
+    body = _NFGENMSG.pack(socket.AF_INET, 0, 0) + _u8(ATTR_PROTOCOL, IPSET_PROTOCOL) + attrs
+    kind = (NFNL_SUBSYS_IPSET << 8) | cmd
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags, seq, 0) + body
+
+
+def type_request(seq: int, set_type: str) -> bytes:
+    """Which revisions of ``set_type`` the kernel has (loading its module if need be)."""
+    attrs = codec.attr_str(ATTR_TYPENAME, set_type) + _u8(ATTR_FAMILY, socket.AF_INET)
+    return _request(CMD_TYPE, seq, codec.NLM_F_REQUEST, attrs)
+
+
+def newest_revision(msg: codec.Message) -> int:
+    """The newest revision in the kernel's answer to ``type_request``."""
+    span = msg.attrs().get(ATTR_REVISION)
+    if span is None:
+        raise ValueError("the kernel named no revision of the set type")
+    return msg.data[span[0]]
+
+
+def create_request(seq: int, set_name: str, set_type: str, revision: int) -> bytes:
+    """Create an IPv4 set with upstream kube-proxy's parameters: a bitmap over every port,
+    hashes of 1024 buckets holding up to 65536 members. Fails (EEXIST) if the set exists."""
+    if set_type == "bitmap:port":
+        data = _port(0, DATA_PORT) + _port(65535, DATA_PORT_TO)
+    else:
+        data = _be32(DATA_HASHSIZE, 1024) + _be32(DATA_MAXELEM, 65536)
+    attrs = (
+        codec.attr_str(ATTR_SETNAME, set_name)
+        + codec.attr_str(ATTR_TYPENAME, set_type)
+        + _u8(ATTR_REVISION, revision)
+        + _u8(ATTR_FAMILY, socket.AF_INET)
+        + codec.nested(ATTR_DATA, data)
+    )
+    return _request(CMD_CREATE, seq, _MEMBER_FLAGS, attrs)
+
+
 def list_request(seq: int) -> bytes:
     """Dump every set with its members (what ``ipset list`` asks for)."""
-    body = _NFGENMSG.pack(socket.AF_INET, 0, 0) + _u8(ATTR_PROTOCOL, IPSET_PROTOCOL)
-    kind = (NFNL_SUBSYS_IPSET << 8) | CMD_LIST
-    flags = codec.NLM_F_REQUEST | codec.NLM_F_DUMP
-    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags, seq, 0) + body
+    return _request(CMD_LIST, seq, codec.NLM_F_REQUEST | codec.NLM_F_DUMP, b"")
 
 
 def _ipv4(data: bytes, span: tuple[int, int]) -> str:

@@ -1,4 +1,5 @@
-"""rtnetlink address messages (RTM_NEWADDR / DELADDR / GETADDR), built and parsed with struct.
+"""rtnetlink address messages (RTM_NEWADDR / DELADDR / GETADDR), built and parsed with struct,
+and the one link message ipvsproxy sends (RTM_NEWLINK of its dummy device).
 
 A cold sync binds one address per Service to kube-ipvs0: thousands of them, so they go in
 batches like the IPVS messages do.
@@ -13,9 +14,13 @@ from dataclasses import dataclass
 from ipvsproxy.model import is_ipv6
 from ipvsproxy.netlink import codec
 
+RTM_NEWLINK = 16
 RTM_NEWADDR = 20
 RTM_DELADDR = 21
 RTM_GETADDR = 22
+IFLA_IFNAME = 3
+IFLA_LINKINFO = 18
+IFLA_INFO_KIND = 1
 IFA_ADDRESS = 1
 IFA_LOCAL = 2
 IFA_LABEL = 3
@@ -26,6 +31,7 @@ RT_SCOPE_HOST = 254
 
 _NLMSGHDR = struct.Struct("=IHHII")
 _IFADDRMSG = struct.Struct("=BBBBI")
+_IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,17 @@ def _ifaddr(ifindex: int, address: str) -> bytes:
     prefix = 128 if family == socket.AF_INET6 else 32
     head = _IFADDRMSG.pack(family, prefix, 0, RT_SCOPE_UNIVERSE, ifindex)
     return head + codec.attr(IFA_LOCAL, raw) + codec.attr(IFA_ADDRESS, raw)
+
+
+def new_link(seq: int, name: str, kind: str) -> bytes:
+    """Create a link of ``kind`` (``ip link add NAME type KIND``), left down."""
+    body = (
+        _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
+        + codec.attr_str(IFLA_IFNAME, name)
+        + codec.nested(IFLA_LINKINFO, codec.attr_str(IFLA_INFO_KIND, kind))
+    )
+    flags = codec.NLM_F_REQUEST | codec.NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+    return _message(RTM_NEWLINK, seq, flags, body)
 
 
 def add_address(seq: int, ifindex: int, address: str) -> bytes:

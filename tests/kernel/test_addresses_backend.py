@@ -44,6 +44,8 @@ def test_device_is_created_and_addresses_bound_in_a_batch(addresses: Addresses) 
         ["ip", "-d", "link", "show", "kube-ipvs0"], capture_output=True, text=True
     )
     assert "dummy" in link.stdout
+    flags = link.stdout.split("<", 1)[1].split(">", 1)[0].split(",")
+    assert "UP" not in flags  # left down, as upstream keeps it
     addresses.apply([AddressOp(OpKind.DELETE, a) for a in wanted[:100]])
     assert addresses.bound() == set(wanted[100:])
 

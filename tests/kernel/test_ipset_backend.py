@@ -37,10 +37,42 @@ def ipsets() -> Iterator[IPSets]:
         backend.close()
 
 
+def _header(name: str) -> dict[str, str]:
+    out = subprocess.run(["ipset", "list", "-t", name], capture_output=True, text=True, check=True)
+    fields = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+    header = fields["Header"].split()
+    if "initval" in header:  # a hash's seed, random for each set
+        i = header.index("initval")
+        del header[i : i + 2]
+    return {"Type": fields["Type"], "Revision": fields["Revision"], "Header": " ".join(header)}
+
+
+def test_sets_are_created_as_the_ipset_tool_creates_upstreams(ipsets: IPSets) -> None:
+    """Every set: its type at the newest revision the kernel has, upstream's parameters."""
+    for spec in S.SPECS:
+        if spec.type == "bitmap:port":
+            params = ["range", "0-65535"]
+        else:
+            params = ["family", "inet", "hashsize", "1024", "maxelem", "65536"]
+        probe = "IPVSPROXY-PROBE"
+        subprocess.run(["ipset", "create", probe, spec.type, *params], check=True)
+        try:
+            assert _header(spec.name) == _header(probe), spec.name
+        finally:
+            subprocess.run(["ipset", "destroy", probe], check=True)
+
+
+def test_creating_a_set_that_exists_is_refused_and_named(ipsets: IPSets) -> None:
+    with pytest.raises(ApplyError) as exc:
+        ipsets.ensure(set(), [S.CLUSTER_IP])
+    assert f"create ipset {S.CLUSTER_IP}" in str(exc.value)
+
+
 def test_members_of_every_type_round_trip(ipsets: IPSets) -> None:
     ops = [MemberOp(OpKind.ADD, name, e) for name, entries in SAMPLES.items() for e in entries]
+    sends = ipsets.sock.sends  # (creating the sets sent one batch over this socket too)
     assert ipsets.apply(ops) == len(ops)
-    assert ipsets.sock.sends == 1
+    assert ipsets.sock.sends == sends + 1
     seen = ipsets.read()
     for name, entries in SAMPLES.items():
         assert seen[name] == set(entries), name
