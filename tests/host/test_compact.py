@@ -117,6 +117,23 @@ def test_empty_and_partial_objects_are_kept_as_such(kind: str) -> None:
     }
 
 
+@pytest.mark.parametrize(
+    "obj",
+    [
+        compact.Metadata.of({}),
+        compact.Metadata.of({"name": "x"}),
+        compact.Spec.of({"type": "NodePort"}),
+        compact.Port.of({}),
+        compact.Endpoint({}),
+        compact.Endpoint({"nodeName": "node-1"}),
+        compact.Endpoint({"addresses": ["10.244.1.5"]}),
+    ],
+)
+def test_a_slotted_mapping_is_true_when_it_holds_a_field(obj: compact.Slots) -> None:
+    """As a dict is (``spec or {}`` reads an empty one as absent)."""
+    assert bool(obj) is (len(obj) > 0) is bool(dict(obj))
+
+
 def test_repeated_values_are_shared() -> None:
     a, b = odd_slice(), odd_slice()
     sa, sb = compact.endpoint_slice(a), compact.endpoint_slice(b)
