@@ -169,10 +169,7 @@ class Slots(Mapping[str, Any]):
     def __bool__(self) -> bool:
         # Readers test these (``spec or {}``) far more often than they count them: true at the
         # first field set, rather than counting every one (a third of a Service's reads).
-        for k in self.FIELDS:
-            if getattr(self, k) is not None:
-                return True
-        return False
+        return any(getattr(self, k) is not None for k in self.FIELDS)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({dict(self)!r})"
