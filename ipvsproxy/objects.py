@@ -11,7 +11,7 @@ import datetime
 import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ipvsproxy.model import Protocol, canonical_ip
 
@@ -74,8 +74,11 @@ class ServicePort:
     type: str
 
 
-@dataclass(frozen=True, slots=True)
-class Endpoint:
+class Endpoint(NamedTuple):
+    """One endpoint of one service port. A named tuple: the planner makes one per endpoint and
+    port (100,000s at a cold sync), and a frozen dataclass's __init__ sets each of its eight
+    fields through object.__setattr__."""
+
     address: str
     port: int
     ready: bool
