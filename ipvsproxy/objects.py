@@ -44,7 +44,7 @@ def to_plain(obj: Any) -> Any:
 def _get(d: Mapping[str, Any] | None, *path: str) -> Any:
     cur: Any = d
     for key in path:
-        if not isinstance(cur, Mapping):
+        if type(cur) is not dict and not isinstance(cur, Mapping):
             return None
         cur = cur.get(key)
     return cur
@@ -187,7 +187,10 @@ def service_ports(svc: Mapping[str, Any]) -> list[ServicePort]:
 def _pod_of(ref: Any, sl: Mapping[str, Any]) -> str | None:
     """The Pod's path from a targetRef as the API sends it (a compacted endpoint carries its
     own: see ``_endpoint_fields``)."""
-    if not isinstance(ref, Mapping) or ref.get("kind", "Pod") != "Pod" or not ref.get("name"):
+    # (type(...) is dict first: the Mapping check is an ABC's, ~0.3 us at every endpoint)
+    if type(ref) is not dict and not isinstance(ref, Mapping):
+        return None
+    if ref.get("kind", "Pod") != "Pod" or not ref.get("name"):
         return None
     namespace = ref.get("namespace") or (sl.get("metadata") or {}).get("namespace") or "default"
     return f"{namespace}/{ref['name']}"
