@@ -114,8 +114,8 @@ class HostIPVS(IPVS):
 class HostIPSets(IPSets):
     """Every set exists, empty (their creation is not the hot path)."""
 
-    def read(self) -> dict[str, set[str]]:
-        return {name: set() for name in S.NAMES}
+    def each_part(self) -> Iterator[tuple[str, list[str]]]:
+        return ((name, []) for name in S.NAMES)
 
 
 class HostAddresses(Addresses):

@@ -35,6 +35,7 @@ from ipvsproxy.diff import (
     OpKind,
     ServiceOp,
     adopt_dests,
+    adopt_member_parts,
     adopt_members,
     adopt_services,
     diff_addresses,
@@ -230,10 +231,10 @@ class Dataplane:
         }
         desired = self.desired.real_servers
         dests = {k: adopt_dests(desired.get(k, {}), self.b.ipvs.dests(k)) for k in sorted(watched)}
-        members = self.b.ipsets.read()
+        members = adopt_member_parts(self.desired.member_keys, self.b.ipsets.each_part())
         self.b.ipsets.ensure(members)
         for name in S.NAMES:
-            members[name] = adopt_members(self.desired.member_keys(name), members.get(name, set()))
+            members.setdefault(name, set())
         ipt = self.b.iptables.read()
         text = self._rules_text()
         # Our chains are as we last wrote them: same rendering, same kernel copy, jumps in place.

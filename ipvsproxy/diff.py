@@ -187,6 +187,24 @@ def adopt_members(desired: Collection[str], observed: set[str]) -> set[str]:
     return kept
 
 
+def adopt_member_parts(
+    desired: Callable[[str], Collection[str]], parts: Iterable[tuple[str, list[str]]]
+) -> dict[str, set[str]]:
+    """``adopt_members`` of every set, as a dump reads them (set name, some of its entries):
+    the entries each part holds are let go as soon as they are adopted. Reading every set
+    whole first held ~5 MiB of strings at 10,000 Services, the full sync's peak."""
+    kept: dict[str, set[str]] = {}
+    name: str | None = None
+    canonical: dict[str, str] = {}
+    for set_name, entries in parts:
+        if set_name != name:  # a set's parts come in a row
+            name = set_name
+            canonical = {e: e for e in desired(set_name)}
+        target = kept.setdefault(set_name, set())
+        target.update([canonical.get(e, e) for e in entries])
+    return kept
+
+
 def diff_members(
     set_name: str, desired: Collection[str], observed: Collection[str]
 ) -> list[MemberOp]:

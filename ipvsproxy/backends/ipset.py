@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 from ipvsproxy import ipsets as S
@@ -41,8 +41,15 @@ class IPSets:
 
     def read(self) -> dict[str, set[str]]:
         """Members of every ipvsproxy-named set that exists (others are not ours to read)."""
-        seq = self.sock.next_seq()
         sets: dict[str, set[str]] = {}
+        for name, members in self.each_part():
+            sets.setdefault(name, set()).update(members)
+        return sets
+
+    def each_part(self) -> Iterator[tuple[str, list[str]]]:
+        """``read`` as the dump comes: (set name, entries) per message, a set's in a row, and
+        at least one for every set of ours that exists."""
+        seq = self.sock.next_seq()
         types = {name: spec.type for name, spec in S.BY_NAME.items()}
         for msg in self.sock.dump(msgs.list_request(seq), seq):
             parsed = msgs.parse_list(msg, types)
@@ -50,8 +57,7 @@ class IPSets:
                 continue
             name, set_type, members = parsed
             types[name] = set_type
-            sets.setdefault(name, set()).update(members)
-        return sets
+            yield name, members
 
     def ensure(self, existing: Collection[str], names: Iterable[str] = S.NAMES) -> int:
         """Create the sets that are missing; returns how many were created."""

@@ -19,6 +19,7 @@ from ipvsproxy.diff import (
     OpKind,
     ServiceOp,
     adopt_dests,
+    adopt_member_parts,
     adopt_members,
     adopt_services,
     diff_addresses,
@@ -168,6 +169,25 @@ def test_adopted_members_are_the_desired_strings(a: set[str], b: set[str]) -> No
     for e in kept:
         if e in b:
             assert any(e is x for x in b)  # the desired string itself
+
+
+@given(
+    st.dictionaries(st.sampled_from("ABC"), st.lists(st.sets(st.text(min_size=1, max_size=3)))),
+    st.dictionaries(st.sampled_from("ABCD"), st.sets(st.text(min_size=1, max_size=3))),
+)
+def test_sets_adopted_part_by_part_are_adopted_whole(
+    read: dict[str, list[set[str]]], desired: dict[str, set[str]]
+) -> None:
+    """Each set as the dump parts it (its parts in a row), entries as other string objects."""
+    parts = [(n, ["".join(list(e)) for e in part]) for n, ps in read.items() for part in ps]
+    kept = adopt_member_parts(lambda n: desired.get(n, set()), parts)
+    assert kept.keys() == {n for n, _ in parts}
+    for name, entries in kept.items():
+        whole = {e for n, part in parts if n == name for e in part}
+        assert entries == adopt_members(desired.get(name, set()), whole)
+        for e in entries:
+            if e in desired.get(name, set()):
+                assert any(x is e for x in desired[name])  # the desired string itself
 
 
 @given(st.sets(st.text(min_size=1, max_size=3)), st.sets(st.text(min_size=1, max_size=3)))
