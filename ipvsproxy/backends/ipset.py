@@ -122,7 +122,7 @@ class IPSets:
         self._each([f"destroy ipset {n}" for n in ours], [remove(n) for n in ours])
 
     def _each(self, what: list[str], actions: list[Callable[[Any], object]]) -> None:
-        """Rare set operations through pyroute2's IPSet (it knows each type's revisions)."""
+        """Set operations only ``ipvsproxy cleanup`` makes, through pyroute2's IPSet."""
         if not actions:
             return
         from pyroute2 import IPSet as PyIPSet  # imported when first needed: it is slow

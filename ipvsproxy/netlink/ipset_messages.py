@@ -124,13 +124,13 @@ def _head(set_name: str) -> bytes:
     )
 
 
-_MEMBER_FLAGS = codec.NLM_F_REQUEST | codec.NLM_F_ACK | NLM_F_EXCL
+_WRITE_FLAGS = codec.NLM_F_REQUEST | codec.NLM_F_ACK | NLM_F_EXCL
 
 
 def member_message(seq: int, add: bool, set_name: str, set_type: str, entry: str) -> bytes:
     body = _head(set_name) + codec.nested(ATTR_DATA, entry_data(set_type, entry))
     kind = (NFNL_SUBSYS_IPSET << 8) | (CMD_ADD if add else CMD_DEL)
-    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, _MEMBER_FLAGS, seq, 0) + body
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, _WRITE_FLAGS, seq, 0) + body
 
 
 def _request(cmd: int, seq: int, flags: int, attrs: bytes) -> bytes:
@@ -167,7 +167,7 @@ def create_request(seq: int, set_name: str, set_type: str, revision: int) -> byt
         + _u8(ATTR_FAMILY, socket.AF_INET)
         + codec.nested(ATTR_DATA, data)
     )
-    return _request(CMD_CREATE, seq, _MEMBER_FLAGS, attrs)
+    return _request(CMD_CREATE, seq, _WRITE_FLAGS, attrs)
 
 
 def list_request(seq: int) -> bytes:
