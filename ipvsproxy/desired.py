@@ -55,11 +55,6 @@ class DesiredState:
         self.member_refs: dict[str, Counter[str]] = {name: Counter() for name in S.NAMES}
         self.out_filter_refs: Counter[OutFilter] = Counter()
 
-    def members(self, set_name: str) -> set[str]:
-        if set_name == S.IPVS_IPS:
-            return set(self.bind_refs)
-        return set(self.member_refs[set_name])
-
     def member_keys(self, set_name: str) -> Collection[str]:
         """The entries ``set_name`` should hold, as held here (no copy)."""
         if set_name == S.IPVS_IPS:
