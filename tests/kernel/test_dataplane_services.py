@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lab import netns
-from lab.topology import Cluster
+from lab.topology import Cluster, Pod
 from tests.host.k8s_objects import endpoint, endpoint_slice, service
 from tests.kernel.dataplane_helpers import NodeDataplane, node_dataplane, sh
 
@@ -171,38 +172,64 @@ def test_hairpin_pod_reaches_itself_through_its_service(
         assert (a["pod"], client_ip(a)) == (pod.name, n1.gateway)
 
 
+@dataclass
+class OpenSession:
+    """A Service of two endpoints (one on node-1, one on node-2) programmed on node-1, and a
+    TCP session from a pod of node-1 to it: ``leaving`` is the endpoint that answers it."""
+
+    ndp: NodeDataplane
+    session: netns.TCPSession
+    client: Pod
+    svc: dict[str, Any]
+    both: dict[str, Any]  # the slice with both endpoints
+    only: dict[str, Any]  # the slice without ``leaving``
+    leaving: Pod
+    staying: Pod
+
+
+@contextmanager
+def open_session(
+    lab_cluster: Cluster, tmp_path: Path, name: str, vip: str
+) -> Iterator[OpenSession]:
+    n1 = lab_cluster.node("node-1")
+    a, b = n1.pods[0], lab_cluster.node("node-2").pods[0]
+    client = n1.pods[1]
+    svc = service(name, vip)
+    both = endpoint_slice(name, [endpoint(a.ip, a.node), endpoint(b.ip, b.node)])
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        program(ndp, (svc, [both]))
+        with netns.TCPSession(client.netns, vip, 80) as session:
+            first = session.ask()["pod"]
+            leaving, staying = (a, b) if first == a.name else (b, a)
+            only = endpoint_slice(name, [endpoint(staying.ip, staying.node)])
+            yield OpenSession(ndp, session, client, svc, both, only, leaving, staying)
+
+
 def test_graceful_termination_keeps_established_connections(
     lab_cluster: Cluster, tmp_path: Path
 ) -> None:
     n1 = lab_cluster.node("node-1")
-    a, b = n1.pods[0], lab_cluster.node("node-2").pods[0]
-    client = n1.pods[1]
-    svc = service("gt", "10.96.1.9")
-    both = endpoint_slice("gt", [endpoint(a.ip, a.node), endpoint(b.ip, b.node)])
-    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
-        program(ndp, (svc, [both]))
-        with netns.TCPSession(client.netns, "10.96.1.9", 80) as session:
-            first = session.ask()["pod"]
-            leaving, staying = (a, b) if first == a.name else (b, a)
-            only = endpoint_slice("gt", [endpoint(staying.ip, staying.node)])
-            program(ndp, (svc, [only]))
-            table = sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.96.1.9:80")
-            assert f"{leaving.ip}:8080" in table  # still there, at weight 0
-            # The established connection goes on with its backend; new ones go elsewhere.
-            assert session.ask()["pod"] == leaving.name
-            fresh = {netns.tcp_request(client.netns, "10.96.1.9", 80)["pod"] for _ in range(4)}
-            assert fresh == {staying.name}
-            # The endpoint comes back: restored to weight 1.
-            program(ndp, (svc, [both]))
-            table = sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.96.1.9:80")
-            assert all(" 1 " in line for line in table.splitlines() if ":8080" in line)
-            program(ndp, (svc, [only]))
+    with open_session(lab_cluster, tmp_path, "gt", "10.96.1.9") as o:
+        program(o.ndp, (o.svc, [o.only]))
+        table = sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.96.1.9:80")
+        assert f"{o.leaving.ip}:8080" in table  # still there, at weight 0
+        # The established connection goes on with its backend; new ones go elsewhere.
+        assert o.session.ask()["pod"] == o.leaving.name
+        fresh = {netns.tcp_request(o.client.netns, "10.96.1.9", 80)["pod"] for _ in range(4)}
+        assert fresh == {o.staying.name}
+        # The endpoint comes back: restored to weight 1.
+        program(o.ndp, (o.svc, [o.both]))
+        table = sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.96.1.9:80")
+        assert all(" 1 " in line for line in table.splitlines() if ":8080" in line)
+        program(o.ndp, (o.svc, [o.only]))
+        o.session.close()
         # Past the grace period the draining real server is deleted even with connections
         # left in TIME_WAIT.
-        ndp.dp.clock = lambda: 10**12
-        result = ndp.run(lambda dp: dp.sync())
+        o.ndp.dp.clock = lambda: 10**12
+        result = o.ndp.run(lambda dp: dp.sync())
         assert result.errors == []
-        assert f"{leaving.ip}:8080" not in sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.96.1.9:80")
+        table = sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.96.1.9:80")
+        assert f"{o.leaving.ip}:8080" not in table
 
 
 def test_a_full_sync_adopts_the_kernel_and_a_later_removal_still_drains(
@@ -212,26 +239,18 @@ def test_a_full_sync_adopts_the_kernel_and_a_later_removal_still_drains(
     their connection counts; removing one afterwards must still read the kernel's counts and
     drain it at weight 0 while a connection is open, not delete it."""
     n1 = lab_cluster.node("node-1")
-    a, b = n1.pods[0], lab_cluster.node("node-2").pods[0]
-    client = n1.pods[1]
-    svc = service("adopt", "10.96.1.12")
-    both = endpoint_slice("adopt", [endpoint(a.ip, a.node), endpoint(b.ip, b.node)])
-    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
-        program(ndp, (svc, [both]))
-        with netns.TCPSession(client.netns, "10.96.1.12", 80) as session:
-            first = session.ask()["pod"]
-            leaving, staying = (a, b) if first == a.name else (b, a)
-            full = ndp.run(lambda dp: dp.reconcile())
-            assert full.full and full.errors == [] and full.writes == 0
-            assert ndp.dp.observed is not None
-            key = next(k for k in ndp.dp.desired.real_servers if k.address == "10.96.1.12")
-            assert ndp.dp.observed.dests[key] is ndp.dp.desired.real_servers[key]  # adopted
-            only = endpoint_slice("adopt", [endpoint(staying.ip, staying.node)])
-            program(ndp, (svc, [only]))
-            table = sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.96.1.12:80")
-            drained = [line for line in table.splitlines() if f"{leaving.ip}:8080" in line]
-            assert drained and drained[0].split()[3] == "0"  # weight 0, not deleted
-            assert session.ask()["pod"] == leaving.name  # the open connection goes on
+    with open_session(lab_cluster, tmp_path, "adopt", "10.96.1.12") as o:
+        full = o.ndp.run(lambda dp: dp.reconcile())
+        assert full.full and full.errors == [] and full.writes == 0
+        dp = o.ndp.dp
+        assert dp.observed is not None
+        key = next(k for k in dp.desired.real_servers if k.address == "10.96.1.12")
+        assert dp.observed.dests[key] is dp.desired.real_servers[key]  # adopted
+        program(o.ndp, (o.svc, [o.only]))
+        table = sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.96.1.12:80")
+        drained = [line for line in table.splitlines() if f"{o.leaving.ip}:8080" in line]
+        assert drained and drained[0].split()[3] == "0"  # weight 0, not deleted
+        assert o.session.ask()["pod"] == o.leaving.name  # the open connection goes on
 
 
 def test_udp_clients_move_when_their_backend_goes(lab_cluster: Cluster, tmp_path: Path) -> None:
