@@ -141,6 +141,8 @@ class Dataplane:
         self.desired = DesiredState()
         self.pending = Changes()
         self.errors: dict[str, str] = {}  # service -> why it cannot be programmed
+        # service -> its last spec that could be planned (the informer's object, not a copy)
+        self.last_good: dict[str, Mapping[str, Any]] = {}
         self.statefile = StateFile(state_path)
         self.state: State = self.statefile.load()
         self.observed: _Observed | None = None
@@ -153,20 +155,35 @@ class Dataplane:
     ) -> str | None:
         """Re-plan one Service (None: deleted); returns why it cannot be programmed, if so.
 
-        An update that cannot be programmed keeps what the Service had (last known good): a bad
-        edit must not take a working Service down.
+        A spec that cannot be programmed keeps the Service's last good spec (a bad edit must not
+        take a working Service down), planned with the current EndpointSlices, so that its real
+        servers keep following its pods; if even that fails, the last good plan stays.
         """
+        slices = list(slices)
         plan = plan_service(svc, slices, self.node, self.plan_config)
-        if plan.error:
-            self.errors[service] = plan.error
-            return plan.error
-        self.errors.pop(service, None)
+        error = plan.error
+        if error:
+            good = self.last_good.get(service)
+            if good is None:
+                self.errors[service] = error
+                return error
+            plan = plan_service(good, slices, self.node, self.plan_config)
+            if plan.error:
+                self.errors[service] = error
+                return error
+            self.errors[service] = error
+        else:
+            self.errors.pop(service, None)
+            if svc is None:
+                self.last_good.pop(service, None)
+            else:
+                self.last_good[service] = svc
         self.pending.merge(self.desired.update(service, plan))
         if plan.virtual_servers:
             self.state.identities[service] = plan.identity
         else:
             self.state.identities.pop(service, None)
-        return None
+        return error
 
     # -- ownership ---------------------------------------------------------------------------
 

@@ -64,3 +64,23 @@ def test_chunks_go_on_after_a_rejected_one_and_report_all_rejections() -> None:
     assert [r.what for r in exc.value.rejected] == ["op 5", "op 10"]
     assert exc.value.applied == 10
     _each(_chunked([1, 2, 3], 2), apply)  # nothing rejected: nothing raised
+
+
+def test_an_invalid_service_keeps_following_its_endpoints(tmp_path: Path) -> None:
+    """While a Service's spec is invalid its last good spec stays programmed, and its real
+    servers still follow the EndpointSlices: pods are replaced and their IPs reused meanwhile
+    (issue 13 B10)."""
+    dp = dataplane(tmp_path)
+    key = ServiceKey("10.96.0.10", Protocol.TCP, 80)
+    old = endpoint_slice("web", [endpoint("10.244.1.11")])
+    assert dp.update_service("default/web", service("web", "10.96.0.10"), [old]) is None
+    dp.pending = Changes()  # as after a sync
+    bad = service("web", "10.96.0.10", externalIPs=["300.1.2.3"])
+    assert dp.update_service("default/web", bad, [old]) is not None
+    new = endpoint_slice("web", [endpoint("10.244.1.12"), endpoint("10.244.2.13", "node-2")])
+    error = dp.update_service("default/web", bad, [new])
+    assert error is not None and "externalIP" in error
+    assert dp.errors == {"default/web": error}  # still reported as invalid
+    assert {d.address for d in dp.desired.real_servers[key]} == {"10.244.1.12", "10.244.2.13"}
+    assert key in dp.pending.services
+    assert "300.1.2.3" not in dp.desired.bind_refs  # the bad edit itself is not programmed
