@@ -78,14 +78,21 @@ class Proxy:
         self.cond = threading.Condition()
         self.stop = threading.Event()
         self.informers: list[Informer] = []
-        self.health_checks = HealthCheckServers()
         self.events: EventRecorder | None = None
+        self.health_checks = HealthCheckServers(
+            proxy_healthy=lambda: self.health.status(node_check=False)[0] == 200,
+            report=self._warn,
+        )
         self._reported: dict[tuple[str, str], int] = {}  # counter totals already exported
         # Held while a sync changes the dataplane, so /status reads a consistent state.
         self.sync_lock = threading.Lock()
         self.last_sync: float | None = None  # wall time of the last sync without errors
 
     # -- events ------------------------------------------------------------------------------
+
+    def _warn(self, service: str, reason: str, message: str) -> None:
+        if self.events is not None:
+            self.events.warn(service, reason, message)
 
     def _mark(self, service: str, trigger: float | None) -> None:
         with self.cond:
@@ -190,7 +197,8 @@ class Proxy:
         return self._converge(self.dp.reconcile)
 
     def _health_checks(self) -> None:
-        """One server per eTP=Local Service's healthCheckNodePort, with this node's count."""
+        """One server per eTP=Local Service's healthCheckNodePort, with this node's count, on
+        the node-port addresses."""
         wanted: dict[int, Target] = {}
         with self.cond:
             for key, svc in self.services.items():
@@ -207,7 +215,9 @@ class Proxy:
                     for addr in (ep.get("addresses") or [])[:1]
                 }
                 wanted[port] = Target(key, len(local))
-        self.health_checks.sync(wanted)
+        # Upstream listens on nodePortAddresses' matches when it is set, else everywhere.
+        addresses = self.dp.node.node_ips if self.cfg.node_port_addresses else None
+        self.health_checks.sync(wanted, addresses)
 
     def _record(self, result: SyncResult, dirty: Mapping[str, float | None]) -> None:
         m = self.metrics
@@ -436,6 +446,7 @@ def run(cfg: ProxyConfig) -> int:
         )
     )
     proxy.events = EventRecorder(lambda ns, body: kubeapi.create_event(api, ns, body), node_name)
+    proxy.health_checks.node = node_name
     for inf in proxy.informers:
         threading.Thread(target=inf.run, name=f"informer-{inf.name}", daemon=True).start()
 

@@ -1,20 +1,27 @@
-"""Health-check node ports for externalTrafficPolicy Local Services (upstream's format).
+"""Health-check node ports for externalTrafficPolicy Local Services (upstream's
+pkg/proxy/healthcheck/service_health.go).
 
 A cloud load balancer probes each node on the Service's healthCheckNodePort and sends traffic
-only to nodes that answer 200: those with a local endpoint. One small HTTP server per port.
+only to nodes that answer 200: those with a local endpoint, while the proxy itself is healthy
+(upstream's IsHealthy, /livez's answer: the node's eligibility is /healthz's business). Each
+port listens on the node-port addresses (``nodePortAddresses``' matches), or on every address
+when that is unset; a port that cannot be bound is a Warning Event on its Service and is tried
+again at the next sync.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 log = logging.getLogger("ipvsproxy.healthcheck")
+EVERY_ADDRESS = ("0.0.0.0",)
 
 
 @dataclass(frozen=True)
@@ -24,22 +31,29 @@ class Target:
 
 
 class _Server:
-    def __init__(self, port: int, target: Target) -> None:
+    """One port: an HTTP server per address, all answering for ``target``."""
+
+    def __init__(
+        self, port: int, addresses: tuple[str, ...], target: Target, healthy: Callable[[], bool]
+    ) -> None:
         self.target = target
+        self.addresses = addresses
+        self.httpds: list[ThreadingHTTPServer] = []
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 t = owner.target
+                proxy_healthy = healthy()
                 ns, _, name = t.service.partition("/")
                 body = json.dumps(
                     {
                         "service": {"namespace": ns, "name": name},
                         "localEndpoints": t.local_endpoints,
-                        "serviceProxyHealthy": True,
+                        "serviceProxyHealthy": proxy_healthy,
                     }
                 ).encode()
-                self.send_response(200 if t.local_endpoints > 0 else 503)
+                self.send_response(200 if t.local_endpoints > 0 and proxy_healthy else 503)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("X-Content-Type-Options", "nosniff")
                 self.send_header("X-Load-Balancing-Endpoint-Weight", str(t.local_endpoints))
@@ -50,31 +64,66 @@ class _Server:
             def log_message(self, *_args: Any) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("0.0.0.0", port), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, name=f"hc-{port}", daemon=True).start()
+        try:
+            for address in addresses:
+                self.httpds.append(_listen(address, port, Handler))
+        except OSError:
+            self.close()  # what was opened goes, so the next sync tries the whole port again
+            raise
+        for httpd in self.httpds:
+            threading.Thread(target=httpd.serve_forever, name=f"hc-{port}", daemon=True).start()
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        for httpd in self.httpds:
+            httpd.shutdown()
+            httpd.server_close()
+        self.httpds = []
+
+
+def _listen(address: str, port: int, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        daemon_threads = True
+
+    return Server((address, port), handler)
 
 
 class HealthCheckServers:
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        proxy_healthy: Callable[[], bool] = lambda: True,
+        report: Callable[[str, str, str], object] | None = None,
+        node: str = "",
+    ) -> None:
         self.servers: dict[int, _Server] = {}
+        self.proxy_healthy = proxy_healthy
+        self.report = report  # (service, reason, message): a Warning Event
+        self.node = node
 
-    def sync(self, wanted: Mapping[int, Target]) -> None:
-        """Serve exactly ``wanted`` (port -> target); a port that cannot be bound is logged."""
+    def sync(self, wanted: Mapping[int, Target], addresses: Sequence[str] | None = None) -> None:
+        """Serve exactly ``wanted`` (port -> target) on ``addresses`` (None: every address;
+        empty: none, as upstream when no node address matches nodePortAddresses); a port that
+        cannot be bound is logged and reported."""
+        listen = EVERY_ADDRESS if addresses is None else tuple(sorted(addresses))
         for port in set(self.servers) - set(wanted):
             self.servers.pop(port).close()
         for port, target in wanted.items():
-            if port in self.servers:
-                self.servers[port].target = target
+            server = self.servers.get(port)
+            if server is not None and server.addresses == listen:
+                server.target = target
                 continue
+            if server is not None:
+                self.servers.pop(port).close()
             try:
-                self.servers[port] = _Server(port, target)
+                self.servers[port] = _Server(port, listen, target, self.proxy_healthy)
             except OSError as exc:
-                log.error("health check port %d for %s: %s", port, target.service, exc)
+                message = (
+                    f'node {self.node} failed to start healthcheck "{target.service}" '
+                    f"on port {port}: {exc}"
+                )
+                log.error("%s", message)
+                if self.report is not None:
+                    self.report(target.service, "FailedToStartServiceHealthcheck", message)
 
     def close(self) -> None:
         self.sync({})
