@@ -123,6 +123,8 @@ def _ips(values: Iterable[Any], what: str, sid: str) -> tuple[str, ...]:
 
 
 def _cidrs(values: Iterable[Any], sid: str) -> tuple[str, ...]:
+    """The IPv4 source ranges; none at all when one of them is a /0, which admits everyone
+    (as upstream, kubernetes #132722: the kernel refuses a /0 in a hash:ip,port,net set)."""
     out = []
     for v in values or ():
         text = str(v).strip()
@@ -134,6 +136,8 @@ def _cidrs(values: Iterable[Any], sid: str) -> tuple[str, ...]:
             ) from None
         if net.version == 4:
             out.append(str(net))
+    if "0.0.0.0/0" in out:
+        return ()
     return tuple(dict.fromkeys(out))
 
 
@@ -154,6 +158,7 @@ def service_ports(svc: Mapping[str, Any]) -> list[ServicePort]:
             or DEFAULT_AFFINITY_TIMEOUT
         )
     externally = stype in ("NodePort", "LoadBalancer") or bool(external_ips)
+    source_ranges = _cidrs(spec.get("loadBalancerSourceRanges") or [], sid)
     ports = []
     for p in spec.get("ports") or []:
         try:
@@ -173,7 +178,7 @@ def service_ports(svc: Mapping[str, Any]) -> list[ServicePort]:
                 cluster_ips=cluster_ips,
                 external_ips=external_ips,
                 lb_vips=lb_vips,
-                lb_source_ranges=_cidrs(spec.get("loadBalancerSourceRanges") or [], sid),
+                lb_source_ranges=source_ranges,
                 affinity_timeout=affinity,
                 external_local=externally and spec.get("externalTrafficPolicy") == "Local",
                 internal_local=spec.get("internalTrafficPolicy") == "Local",

@@ -1,0 +1,43 @@
+"""The planner with inputs real clusters send: odd but API-valid Services and EndpointSlices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ipvsproxy import ipsets as S
+from ipvsproxy.plan import NodeFacts, PlanConfig, ServicePlan, plan_service
+from tests.host.k8s_objects import service
+
+NODE = NodeFacts(
+    name="node-1",
+    node_ips=("192.168.56.11",),
+    local_addresses=frozenset({"192.168.56.11", "10.244.1.1"}),
+    primary_ip="192.168.56.11",
+)
+
+
+def plan(svc: dict[str, Any] | None, *slices: dict[str, Any]) -> ServicePlan:
+    return plan_service(svc, slices, NODE, PlanConfig())
+
+
+def lb(ranges: list[str]) -> dict[str, Any]:
+    return service(
+        "fw",
+        "10.96.0.50",
+        type="LoadBalancer",
+        ports=[{"name": "http", "port": 443, "nodePort": 30443, "protocol": "TCP"}],
+        loadBalancerSourceRanges=ranges,
+        status={"loadBalancer": {"ingress": [{"ip": "203.0.113.30"}]}},
+    )
+
+
+def test_a_source_range_of_slash_zero_admits_everyone() -> None:
+    open_ = plan(lb([]))
+    for ranges in (["0.0.0.0/0"], ["192.0.2.0/24", "0.0.0.0/0"], ["10.1.2.3/0"]):
+        p = plan(lb(ranges))
+        assert p.error is None
+        assert p.members == open_.members, ranges
+        assert not p.out_filters
+    # An IPv6 /0 is no IPv4 range: with only IPv4 ranges beside it, those filter.
+    p = plan(lb(["::/0", "192.0.2.0/24"]))
+    assert p.members[S.LOAD_BALANCER_SOURCE_CIDR] == {"203.0.113.30,tcp:443,192.0.2.0/24"}
