@@ -19,6 +19,8 @@ folder. The garbage collector is handled as the daemon handles it (``gcpolicy``)
    added, removed, flipped not ready, and one Service added and deleted, in the Service with
    the most virtual servers. Median of 101 runs each; each timed change is undone (untimed)
    before the next.
+3. One endpoint added to a Service of 500 to 4,000 ports (``measure_wide``): the planner's time
+   per port and endpoint, flat when planning is linear in ports x endpoints.
 
 Times are wall-clock (``time.perf_counter``).
 """
@@ -409,6 +411,63 @@ def measure_changes(
     return out
 
 
+WIDE_PORTS = (500, 1000, 2000, 4000)
+WIDE_ENDPOINTS = 10
+WIDE_RUNS = 5
+
+
+def wide_service(ports: int, endpoints: int, extra: int = 0) -> synthetic.ServiceEntry:
+    """One Service of ``ports`` named ports and ``endpoints`` (+ ``extra``) endpoints."""
+    spec_ports = [{"name": f"p{i}", "port": 1 + i, "protocol": "TCP"} for i in range(ports)]
+    svc = {
+        "metadata": {"name": "wide", "namespace": "bench"},
+        "spec": {"type": "ClusterIP", "clusterIP": "10.96.255.1", "ports": spec_ports},
+    }
+    slice_ports = [{"name": f"p{i}", "port": 10_000 + i, "protocol": "TCP"} for i in range(ports)]
+    eps = [
+        {"addresses": [f"10.250.{i // 250}.{i % 250 + 1}"], "conditions": {"ready": True}}
+        for i in range(endpoints + extra)
+    ]
+    sl = {
+        "metadata": {"name": "wide-1", "namespace": "bench"},
+        "addressType": "IPv4",
+        "endpoints": eps,
+        "ports": slice_ports,
+    }
+    return "bench/wide", svc, [sl]
+
+
+def measure_wide(
+    sizes: Sequence[int] = WIDE_PORTS, endpoints: int = WIDE_ENDPOINTS, runs: int = WIDE_RUNS
+) -> list[dict[str, Any]]:
+    """One endpoint added to a Service of many ports (the planner must be linear in ports x
+    endpoints: the time per port and endpoint stays flat as ports grow)."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for ports in sizes:
+            host = new_host(Path(tmp))
+            base = wide_service(ports, endpoints)
+            grown = wide_service(ports, endpoints, extra=1)
+            cold_sync(host, [base])
+            works = []
+            for _ in range(runs):
+                works.append(one_change(host, *grown))
+                one_change(host, *base)
+            planner = _median([w.planner for w in works])
+            rows.append(
+                {
+                    "ports": ports,
+                    "endpoints": endpoints,
+                    "runs": runs,
+                    "planner_ms": planner * 1e3,
+                    "planner_us_per_port_endpoint": planner / (ports * endpoints) * 1e6,
+                    "writes": works[0].writes,
+                }
+            )
+            host.close()
+    return rows
+
+
 def _event(
     host: Host, key: str, svc: dict[str, Any] | None, slices: list[dict[str, Any]]
 ) -> Callable[[], SyncWork]:
@@ -436,12 +495,14 @@ def run(
     cold = measure_cold(services, endpoints, cold_runs, seed)
     change = measure_changes(services, endpoints, change_runs, seed)
     worst_us = max(change[c]["planner_us"] for c in ENDPOINT_CHANGES)
+    wide = measure_wide()
     return {
         "services": services,
         "endpoints": endpoints,
         "seed": seed,
         "cold": cold,
         "change": change,
+        "wide": wide,
         "targets": {
             "change_planner_us": worst_us,
             "change_under_1ms": worst_us < CHANGE_TARGET_US,
@@ -480,6 +541,17 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"  {name:22} {c['planner_us']:12.0f} {c['total_us']:8.0f}"
             f" {c['messages']:9d}   {phases}"
+        )
+    lines += [
+        "",
+        f"One endpoint added to a Service of many ports x {WIDE_ENDPOINTS} endpoints"
+        f" (median of {WIDE_RUNS})",
+        f"  {'ports':>6} {'plan+diff ms':>13} {'us per port x endpoint':>23} {'writes':>7}",
+    ]
+    for row in result["wide"]:
+        lines.append(
+            f"  {row['ports']:6d} {row['planner_ms']:13.1f}"
+            f" {row['planner_us_per_port_endpoint']:23.2f} {row['writes']:7d}"
         )
     lines += [
         "",

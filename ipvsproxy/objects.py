@@ -228,13 +228,15 @@ def endpoints_by_port(
     for sl in slices:
         if sl.get("addressType", "IPv4") != "IPv4":
             continue
-        slice_ports = sl.get("ports") or []
+        # The slice's port numbers by (name, protocol), the last one of a pair winning: one
+        # look-up per Service port (comparing every pair was quadratic in ports).
+        numbers = {
+            (p.get("name") or "", p.get("protocol") or "TCP"): p.get("port")
+            for p in sl.get("ports") or []
+        }
         matched = []  # (which of ports, its number in this slice)
         for i, (port_name, protocol) in enumerate(ports):
-            port = None
-            for p in slice_ports:
-                if (p.get("name") or "") == port_name and (p.get("protocol") or "TCP") == protocol:
-                    port = p.get("port")
+            port = numbers.get((port_name, protocol.value))
             if port:
                 matched.append((seen[i], port))
         if not matched:
