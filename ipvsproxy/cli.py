@@ -68,7 +68,16 @@ def cmd_cleanup(argv: Sequence[str]) -> int:
         return 1
     from ipvsproxy.dataplane import Backends, Dataplane
     from ipvsproxy.plan import NodeFacts
+    from ipvsproxy.statefile import StateLock, StateLocked
 
+    try:
+        lock = StateLock.acquire(Path(cfg.state_path), wait=False)
+    except StateLocked as exc:
+        print(f"ipvsproxy cleanup: {exc}; stop it first", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a read-only state directory must not stop the cleanup
+        print(f"ipvsproxy cleanup: cannot lock the state file: {exc}", file=sys.stderr)
+        lock = None
     backends = Backends.open()
     try:
         dp = Dataplane(
@@ -80,6 +89,8 @@ def cmd_cleanup(argv: Sequence[str]) -> int:
         result = dp.cleanup()
     finally:
         backends.close()
+        if lock is not None:
+            lock.release()
     for err in result.errors:
         print(f"ipvsproxy cleanup: {err}", file=sys.stderr)
     print(f"ipvsproxy cleanup: {result.writes} writes")

@@ -30,6 +30,7 @@ from ipvsproxy.nodeaddrs import local_addresses, node_port_addresses
 from ipvsproxy.objects import LABEL_SERVICE_NAME
 from ipvsproxy.plan import NodeFacts, PlanConfig
 from ipvsproxy.rules import RulesConfig
+from ipvsproxy.statefile import StateLock
 from ipvsproxy.watch import Informer, Kept
 
 log = logging.getLogger("ipvsproxy")
@@ -228,12 +229,14 @@ class Proxy:
                 for kind, n in counts.items():
                     totals[kind, outcome] = totals.get((kind, outcome), 0) + n
         totals["restore", "failures"] = self.dp.b.iptables.restore_failures
+        totals["state_file", "failures"] = self.dp.state_write_failures
         for (kind, outcome), n in totals.items():
             delta = n - self._reported.get((kind, outcome), 0)
             if delta <= 0:
                 continue
             if outcome == "failures":
-                m.restore_failures.inc(delta)
+                failures = m.restore_failures if kind == "restore" else m.state_write_failures
+                failures.inc(delta)
             else:
                 m.netlink_ops.labels(kind, outcome).inc(delta)
         self._reported = totals
@@ -386,6 +389,10 @@ def api_client(cfg: ProxyConfig) -> Any:
 def run(cfg: ProxyConfig) -> int:
     for warning in cfg.warnings:
         log.warning("config: %s", warning)
+    # Held for the process's life, taken before anything touches the kernel or binds a port:
+    # a second instance on the node (a DaemonSet update with maxSurge) waits here for the
+    # first to exit; meanwhile the kubelet's probes reach the first one's health port.
+    lock = _lock_state(Path(cfg.state_path))
     api = api_client(cfg)
     node_name = cfg.hostname_override or socket.gethostname()
     backends = Backends.open()
@@ -461,4 +468,14 @@ def run(cfg: ProxyConfig) -> int:
     log.info("ipvsproxy on node %s, node addresses %s", node_name, ", ".join(facts.node_ips))
     proxy.run()
     backends.close()
+    if lock is not None:
+        lock.release()
     return 0
+
+
+def _lock_state(path: Path) -> StateLock | None:
+    try:
+        return StateLock.acquire(path, wait=True, on_wait=log.warning)
+    except OSError as exc:  # e.g. a read-only directory: the proxy still runs
+        log.warning("cannot lock the state file %s: %s; running without the lock", path, exc)
+        return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,8 @@ from ipvsproxy.model import (
 )
 from ipvsproxy.plan import NodeFacts, PlanConfig, plan_service
 from ipvsproxy.statefile import State, StateFile
+
+log = logging.getLogger("ipvsproxy")
 
 DEFAULT_GRACE_SECONDS = 15 * 60
 DEFAULT_PLAN_CONFIG = PlanConfig()
@@ -144,7 +147,16 @@ class Dataplane:
         # service -> its last spec that could be planned (the informer's object, not a copy)
         self.last_good: dict[str, Mapping[str, Any]] = {}
         self.statefile = StateFile(state_path)
-        self.state: State = self.statefile.load()
+        self.state: State = self.statefile.open()
+        if self.statefile.unreadable:
+            log.warning(
+                "%s; falling back to what the kernel shows is ours: virtual servers on "
+                "addresses bound to kube-ipvs0 and those the Services want; virtual servers "
+                "on node addresses (NodePorts) of Services deleted meanwhile may stay",
+                self.statefile.unreadable,
+            )
+        self.state_write_failures = 0  # state file writes that failed (disk full, read-only)
+        self._state_write_error: str | None = None
         self.observed: _Observed | None = None
         self.rejected: dict[str, str] = {}  # service -> what the kernel refused, since read
 
@@ -500,7 +512,19 @@ class Dataplane:
             self.b.addresses.remove_device()
 
     def _save_state(self) -> None:
-        self.statefile.save(self.state)
+        """Write the state file; a failed write (disk full, read-only) is logged and counted,
+        and programming goes on: the next save writes everything again."""
+        try:
+            self.statefile.save(self.state)
+        except OSError as exc:
+            self.state_write_failures += 1
+            if str(exc) != self._state_write_error:
+                log.warning("cannot write the state file %s: %s", self.statefile.path, exc)
+            self._state_write_error = str(exc)
+            return
+        if self._state_write_error is not None:
+            log.info("the state file %s is written again", self.statefile.path)
+            self._state_write_error = None
 
 
 # -- the diff step, pure: what a sync compares once the kernel's state is known ------------------

@@ -84,6 +84,11 @@ class Metrics:
         self.sync_errors = Counter(
             "ipvsproxy_sync_errors", "Syncs that ended with errors", registry=r
         )
+        self.state_write_failures = Counter(
+            "ipvsproxy_state_file_write_failures",
+            "State file writes that failed (disk full, read-only); syncs go on",
+            registry=r,
+        )
         self.draining = Gauge(
             "ipvsproxy_graceful_termination_real_servers",
             "Real servers at weight 0 waiting for their connections to end",

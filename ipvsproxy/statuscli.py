@@ -74,7 +74,10 @@ def _read_state(path: Path) -> tuple[Any, float | None, str | None]:
     if not path.exists():
         return None, None, None
     try:
-        state = StateFile(path).load()
+        sf = StateFile(path)
+        state = sf.load()
+        if sf.unreadable:
+            return None, None, sf.unreadable
         return state, path.stat().st_mtime, None
     except (OSError, ValueError) as exc:
         return None, None, str(exc)

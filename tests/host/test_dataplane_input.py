@@ -84,3 +84,40 @@ def test_an_invalid_service_keeps_following_its_endpoints(tmp_path: Path) -> Non
     assert {d.address for d in dp.desired.real_servers[key]} == {"10.244.1.12", "10.244.2.13"}
     assert key in dp.pending.services
     assert "300.1.2.3" not in dp.desired.bind_refs  # the bad edit itself is not programmed
+
+
+@pytest.mark.parametrize("content", ["", "{", '{"version": 99}'])
+def test_an_unreadable_state_file_falls_back_to_the_kernel_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, content: str
+) -> None:
+    (tmp_path / "state.json").write_text(content)
+    dp = dataplane(tmp_path)  # start-up and `ipvsproxy cleanup` construct it: no exception
+    assert dp.state.virtual_servers == set()
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "state.json is unreadable" in warning.message and "kube-ipvs0" in warning.message
+
+
+def test_a_failed_state_write_is_logged_and_counted_and_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import errno
+    import os
+
+    from ipvsproxy.statefile import StateFile
+
+    dp = dataplane(tmp_path)
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    dp.update_service("default/web", service("web", "10.96.0.10"), [])
+    dp._save_state()  # the end of every sync: must not raise
+    dp._save_state()
+    assert dp.state_write_failures == 2
+    warnings = [r.message for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0]  # said once
+    monkeypatch.undo()
+    dp._save_state()
+    assert dp.state_write_failures == 2
+    assert StateFile(tmp_path / "state.json").load().identities.keys() == {"default/web"}

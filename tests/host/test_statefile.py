@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ipvsproxy.identity import EndpointIdentity, ServiceIdentity, VirtualServerIdentity
 from ipvsproxy.model import DestKey, Protocol, ServiceKey
-from ipvsproxy.statefile import SERVERS_PER_PIECE, State, StateFile
+from ipvsproxy.statefile import SERVERS_PER_PIECE, State, StateFile, StateLock, StateLocked
 
 
 def identity(service: str, address: str, pods: dict[str, str]) -> ServiceIdentity:
@@ -45,7 +50,7 @@ def test_the_document_is_the_json_of_to_json(tmp_path: Path) -> None:
     state = sample()
     assert sf.save(state)
     text = (tmp_path / "state.json").read_text()
-    assert text == json.dumps(state.to_json())
+    assert text == json.dumps(state.to_json(json.loads(text)["generation"]))
     assert StateFile(tmp_path / "state.json").load() == state
 
 
@@ -97,7 +102,7 @@ def test_many_virtual_servers_are_written_in_pieces_as_one_document(tmp_path: Pa
     sf = StateFile(tmp_path / "state.json")
     assert sf.save(state)
     text = (tmp_path / "state.json").read_text()
-    assert text == json.dumps(state.to_json())
+    assert text == json.dumps(state.to_json(json.loads(text)["generation"]))
     assert StateFile(tmp_path / "state.json").load() == state
 
 
@@ -114,7 +119,8 @@ def test_a_journal_as_large_as_the_snapshot_is_folded_into_it(tmp_path: Path) ->
             break
     else:
         raise AssertionError("the journal was never folded into the snapshot")
-    assert json.loads(path.read_text()) == state.to_json()
+    doc = json.loads(path.read_text())
+    assert doc == state.to_json(doc["generation"])
     assert StateFile(path).load() == state
 
 
@@ -133,17 +139,9 @@ def test_a_torn_last_line_is_ignored_and_the_next_save_rewrites(tmp_path: Path) 
     loaded.rules_digest = "two"
     assert reader.save(loaded)
     assert not reader.journal.exists()  # rewritten as a snapshot, the torn line gone
-    assert json.loads(path.read_text()) == loaded.to_json()
+    doc = json.loads(path.read_text())
+    assert doc == loaded.to_json(doc["generation"])
     assert StateFile(path).load() == loaded
-
-
-def test_a_bad_journal_line_before_the_last_is_an_error(tmp_path: Path) -> None:
-    path = tmp_path / "state.json"
-    sf = StateFile(path)
-    sf.save(sample())
-    sf.journal.write_text('{"rules": ["a", "b"]}\nnot json\n{"rules": ["c", "d"]}\n')
-    with pytest.raises(ValueError, match=r"state\.json is unreadable"):
-        StateFile(path).load()
 
 
 def test_a_loaded_state_is_not_rewritten(tmp_path: Path) -> None:
@@ -155,12 +153,236 @@ def test_a_loaded_state_is_not_rewritten(tmp_path: Path) -> None:
     assert sf.save(replace(state, rules_digest="changed"))
 
 
-def test_an_unreadable_file_is_an_error_naming_it(tmp_path: Path) -> None:
+# -- robustness: what a crash, a full disk or a second instance must not break -------------------
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "",  # empty
+        "{",  # truncated JSON
+        '{"version": 1, "virtualServers": [["10.96.0.1", "TCP"',  # truncated document
+        '{"version": 99, "virtualServers": []}',  # written by a newer ipvsproxy
+        '{"version": 1, "virtualServers": [["10.96.0.1", "XYZ", 80]]}',  # corrupt content
+        "[1, 2, 3]",  # not an object
+        "\x00\xff\xfe garbage",  # not even text
+    ],
+)
+def test_a_corrupt_empty_or_newer_file_loads_as_empty_and_says_why(
+    tmp_path: Path, content: str
+) -> None:
     path = tmp_path / "state.json"
-    path.write_text('{"version": 99}')
-    with pytest.raises(ValueError, match=r"state\.json is unreadable: unsupported state file"):
-        StateFile(path).load()
-    path.write_text("{")
-    with pytest.raises(ValueError, match="unreadable"):
-        StateFile(path).load()
-    assert StateFile(tmp_path / "absent.json").load() == State()
+    path.write_bytes(content.encode("latin-1"))
+    sf = StateFile(path)
+    assert sf.load() == State()
+    assert sf.unreadable is not None and "state.json" in sf.unreadable
+    # The next save replaces it with a readable snapshot.
+    assert sf.save(sample())
+    again = StateFile(path)
+    assert again.load() == sample()
+    assert again.unreadable is None
+
+
+def test_a_bad_journal_line_keeps_what_came_before_it_and_says_why(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    sf = StateFile(path)
+    sf.save(sample())
+    state = sample()
+    state.rules_digest = "a"
+    sf.save(state)
+    with sf.journal.open("a") as f:
+        f.write('not json\n{"rules": ["c", "d"]}\n')
+    reader = StateFile(path)
+    assert reader.load() == state
+    assert reader.unreadable is not None and "journal" in reader.unreadable
+    assert reader.save(state)  # rewritten whole: the bad lines are gone
+    assert not reader.journal.exists()
+    assert StateFile(path).load() == state
+
+
+def test_a_crash_between_rename_and_journal_removal_replays_no_old_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "state.json"
+    sf = StateFile(path)
+    state = sample()
+    sf.save(state)
+    state.rules_digest = "old"
+    sf.save(state)  # a journal line setting "old"
+    assert sf.journal.exists()
+    state.rules_digest = "new"
+    for i in range(4000):  # a change larger than the journal may grow: a new snapshot
+        state.virtual_servers.add(ServiceKey(f"10.97.{i // 250}.{i % 250}", Protocol.TCP, 80))
+    real_unlink = Path.unlink
+
+    def crash(self: Path, missing_ok: bool = False) -> None:
+        if self == sf.journal:
+            raise KeyboardInterrupt("killed after the rename")
+        real_unlink(self, missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", crash)
+    with pytest.raises(KeyboardInterrupt):
+        sf.save(state)
+    monkeypatch.undo()
+    assert sf.journal.exists()  # the old journal survived the crash
+    assert StateFile(path).load() == state  # its "old" line is not replayed over "new"
+
+
+def test_writes_are_fsynced_file_then_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append("fsync " + os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src: str, dst: str) -> None:
+        events.append("replace")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    path = tmp_path / "state.json"
+    sf = StateFile(path)
+    state = sample()
+    sf.save(state)
+    tmp_name = events[0].removeprefix("fsync ")
+    assert tmp_name != "state.json" and events[1:] == ["replace", f"fsync {tmp_path.name}"]
+    events.clear()
+    state.rules_digest = "changed"
+    sf.save(state)  # a journal line: the new journal file, then its directory entry
+    assert events == ["fsync state.json.journal", f"fsync {tmp_path.name}"]
+    events.clear()
+    state.rules_digest = "again"
+    sf.save(state)
+    assert events == ["fsync state.json.journal"]
+
+
+def test_temporary_files_never_pile_up(tmp_path: Path) -> None:
+    import signal
+
+    path = tmp_path / "state.json"
+    for i in range(3):  # killed three times while writing a snapshot, before its rename
+        pid = os.fork()
+        if pid == 0:  # the child: SIGKILLed where the rename would be
+
+            def killed(src: Any, dst: Any) -> None:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            os.replace = killed  # type: ignore[assignment]
+            state = sample()
+            state.rules_digest = str(i)
+            StateFile(path).save(state)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    left = list(tmp_path.iterdir())
+    assert len(left) == 1 and left[0] != path  # one temporary file, however many crashes
+    sf = StateFile(path)
+    assert sf.load() == State()
+    assert list(tmp_path.iterdir()) == left  # a reader leaves it: it may be the daemon's
+    assert sf.open() == State()
+    assert list(tmp_path.iterdir()) == []  # cleaned at the next start
+    sf.save(sample())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+
+
+@pytest.mark.parametrize("errno_", ["ENOSPC", "EROFS"])
+def test_a_failed_write_raises_and_the_next_save_writes_everything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errno_: str
+) -> None:
+    import errno
+    import os
+
+    code = getattr(errno, errno_)
+    path = tmp_path / "state.json"
+    sf = StateFile(path)
+    state = sample()
+    sf.save(state)
+    real_open = os.open
+
+    def failing_open(p: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
+        if code == errno.EROFS and flags & (os.O_WRONLY | os.O_RDWR):
+            raise OSError(code, os.strerror(code), str(p))
+        return real_open(p, flags, mode, **kw)
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "open", failing_open)
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    for digest in ("one", "two"):  # a journal line, then (failed before) a snapshot
+        state.rules_digest = digest
+        with pytest.raises(OSError) as exc:
+            sf.save(state)
+        assert exc.value.errno == code
+    state.identities.clear()  # a snapshot-sized change
+    with pytest.raises(OSError):
+        sf.save(state)
+    monkeypatch.undo()
+    assert sf.save(state)  # writes again once the disk has room
+    assert StateFile(path).load() == state
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def _hold_lock(path: Path) -> subprocess.Popen[str]:
+    """A second process that takes the state file's lock and holds it until its stdin closes."""
+    code = (
+        "import sys; from pathlib import Path; from ipvsproxy.statefile import StateLock; "
+        f"lock = StateLock.acquire(Path({str(path)!r}), wait=False); "
+        "print('locked', flush=True); sys.stdin.read()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
+    return proc
+
+
+def test_a_second_instance_is_told_who_holds_the_lock_and_waits_for_it(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    holder = _hold_lock(path)
+    try:
+        with pytest.raises(StateLocked) as exc:
+            StateLock.acquire(path, wait=False)
+        assert f"pid {holder.pid}" in str(exc.value) and "state.json.lock" in str(exc.value)
+        told: list[str] = []
+        got: list[StateLock] = []
+        waiter = threading.Thread(
+            target=lambda: got.append(StateLock.acquire(path, wait=True, on_wait=told.append))
+        )
+        waiter.start()
+        waiter.join(timeout=2)
+        assert waiter.is_alive() and not got  # still waiting while the other one runs
+        assert len(told) == 1 and f"pid {holder.pid}" in told[0] and "waiting" in told[0]
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait()
+    waiter.join(timeout=60)
+    assert got and str(os.getpid()) in got[0].path.read_text()
+    got[0].release()
+    StateLock.acquire(path, wait=False).release()
+
+
+def test_cleanup_refuses_while_the_daemon_holds_the_lock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ipvsproxy import cli
+
+    path = tmp_path / "state.json"
+    path.write_text("{}")
+    holder = _hold_lock(path)
+    try:
+        assert cli.main(["cleanup", "--state-file", str(path)]) == 1
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait()
+    err = capsys.readouterr().err
+    assert f"pid {holder.pid}" in err and "state.json.lock" in err
+    assert path.read_text() == "{}"  # nothing touched
