@@ -143,7 +143,8 @@ class Dataplane:
         self.clock = clock
         self.desired = DesiredState()
         self.pending = Changes()
-        self.errors: dict[str, str] = {}  # service -> why it cannot be programmed
+        # service -> why it cannot be programmed, or what of it was left out (and why)
+        self.errors: dict[str, str] = {}
         # service -> its last spec that could be planned (the informer's object, not a copy)
         self.last_good: dict[str, Mapping[str, Any]] = {}
         self.statefile = StateFile(state_path)
@@ -165,7 +166,8 @@ class Dataplane:
     def update_service(
         self, service: str, svc: Mapping[str, Any] | None, slices: Iterable[Mapping[str, Any]]
     ) -> str | None:
-        """Re-plan one Service (None: deleted); returns why it cannot be programmed, if so.
+        """Re-plan one Service (None: deleted); returns what ``errors`` now says of it: why it
+        cannot be programmed, or what of it was left out (None: nothing).
 
         A spec that cannot be programmed keeps the Service's last good spec (a bad edit must not
         take a working Service down), planned with the current EndpointSlices, so that its real
@@ -177,25 +179,34 @@ class Dataplane:
         if error:
             good = self.last_good.get(service)
             if good is None:
-                self.errors[service] = error
-                return error
+                return self._report(service, error)
             plan = plan_service(good, slices, self.node, self.plan_config)
             if plan.error:
-                self.errors[service] = error
-                return error
-            self.errors[service] = error
+                return self._report(service, error)
+        elif svc is None:
+            self.last_good.pop(service, None)
         else:
-            self.errors.pop(service, None)
-            if svc is None:
-                self.last_good.pop(service, None)
-            else:
-                self.last_good[service] = svc
+            self.last_good[service] = svc
         self.pending.merge(self.desired.update(service, plan))
         if plan.virtual_servers:
             self.state.identities[service] = plan.identity
         else:
             self.state.identities.pop(service, None)
-        return error
+        return self._report(service, error)
+
+    def _report(self, service: str, error: str | None) -> str | None:
+        """Set what ``errors`` says of ``service``: why it cannot be programmed (``error``),
+        else what of it was left out; returns that (None: nothing to report)."""
+        parts = [error] if error else []
+        plan = self.desired.plans.get(service)
+        if plan is not None:
+            parts += plan.warnings
+        report = "; ".join(parts) or None
+        if report is None:
+            self.errors.pop(service, None)
+        else:
+            self.errors[service] = report
+        return report
 
     # -- ownership ---------------------------------------------------------------------------
 

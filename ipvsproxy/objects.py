@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -219,11 +220,41 @@ def slice_endpoints(
     return endpoints_by_port(slices, [(port_name, protocol)])[0]
 
 
+# Canonical IPv4 addresses the kernel refuses as a real server ("address not unicast"):
+# 0.0.0.0/8, multicast (224.0.0.0/4) and the limited broadcast.
+_REFUSED_IPV4 = re.compile(r"0\.|22[4-9]\.|23[0-9]\.|255\.255\.255\.255$").match
+
+
+def refused_address(ip: str) -> str | None:
+    """Why the kernel would refuse the canonical address ``ip`` as an IPv4 real server; None
+    when it takes it."""
+    if ":" in ip:
+        return "an IPv6 address in an IPv4 slice"
+    if _REFUSED_IPV4(ip) is None:
+        return None
+    if ip == "255.255.255.255":
+        return "broadcast"
+    return "unspecified" if ip.startswith("0.") else "multicast"
+
+
+def _port_number(port: Any) -> int | None:
+    """A slice port's number when it is one IPVS can take (1..65535), else None."""
+    try:
+        number = int(port)
+    except (TypeError, ValueError):
+        return None
+    return number if 1 <= number <= 65535 else None
+
+
 def endpoints_by_port(
-    slices: Iterable[Mapping[str, Any]], ports: Sequence[tuple[str, Protocol]]
+    slices: Iterable[Mapping[str, Any]],
+    ports: Sequence[tuple[str, Protocol]],
+    skipped: dict[str, str] | None = None,
 ) -> list[list[Endpoint]]:
     """``slice_endpoints`` for each (port name, protocol) of ``ports``, reading every endpoint
-    of the slices once rather than once per port."""
+    of the slices once rather than once per port. Addresses and ports the kernel would refuse
+    are left out; ``skipped`` (if given) gets each of them with the reason."""
+    skipped = {} if skipped is None else skipped
     seen: list[dict[tuple[str, int], Endpoint]] = [{} for _ in ports]
     for sl in slices:
         if sl.get("addressType", "IPv4") != "IPv4":
@@ -237,11 +268,15 @@ def endpoints_by_port(
         matched = []  # (which of ports, its number in this slice)
         for i, (port_name, protocol) in enumerate(ports):
             port = numbers.get((port_name, protocol.value))
-            if port:
-                matched.append((seen[i], port))
+            if not port:
+                continue  # not in this slice, or no number: not for this proxy
+            number = _port_number(port)
+            if number is None:
+                skipped[f"port {port!r}"] = "out of range 1..65535"
+                continue
+            matched.append((seen[i], number))
         if not matched:
             continue
-        numbered: list[tuple[dict[tuple[str, int], Endpoint], int]] | None = None
         for ep in sl.get("endpoints") or []:
             addresses, cond, node, zone, pod = _endpoint_fields(ep, sl)
             cond = cond or {}
@@ -254,10 +289,13 @@ def endpoints_by_port(
                 try:
                     ip = canonical_ip(addr)
                 except ValueError:
+                    skipped[f"address {addr!r}"] = "not an IP address in canonical form"
                     continue
-                if numbered is None:
-                    numbered = [(found, int(port)) for found, port in matched]
-                for found, number in numbered:
+                why = refused_address(ip)
+                if why is not None:
+                    skipped[f"address {addr!r}"] = why
+                    continue
+                for found, number in matched:
                     key = (ip, number)
                     old = found.get(key)
                     if old is not None and old.ready:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -80,6 +80,7 @@ class ServicePlan:
     out_filters: frozenset[OutFilter] = frozenset()
     no_local_endpoints: int = 0  # ports with eTP/iTP Local and no local endpoint (metric)
     error: str | None = None  # why the Service could not be programmed
+    warnings: tuple[str, ...] = ()  # what of it was left out, and why (the rest is planned)
     identity: I.ServiceIdentity = field(default_factory=I.ServiceIdentity)  # names, for status
 
 
@@ -258,7 +259,24 @@ def plan_service(
         # upstream's per-family proxiers skip it.
         return EMPTY
     b = _Builder()
-    by_port = endpoints_by_port(slices, [(sp.name, sp.protocol) for sp in ports])
+    skipped: dict[str, str] = {}
+    by_port = endpoints_by_port(slices, [(sp.name, sp.protocol) for sp in ports], skipped)
     for sp, endpoints in zip(ports, by_port, strict=True):
         _plan_port(b, sp, endpoints, node, cfg)
-    return b.build()
+    plan = b.build()
+    if skipped:
+        plan = replace(plan, warnings=(_skipped_warning(ports[0].service, skipped),))
+    return plan
+
+
+MAX_NAMED = 10  # a warning names at most this many skipped addresses and ports
+
+
+def _skipped_warning(sid: str, skipped: Mapping[str, str]) -> str:
+    named = [f"{what} ({why})" for what, why in sorted(skipped.items())[:MAX_NAMED]]
+    more = len(skipped) - len(named)
+    tail = f" and {more} more" if more > 0 else ""
+    return (
+        f"service {sid}: EndpointSlice entries the kernel refuses were skipped, the other "
+        f"endpoints are programmed: {', '.join(named)}{tail}"
+    )

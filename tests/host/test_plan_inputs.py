@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ipvsproxy import ipsets as S
+from ipvsproxy.dataplane import Backends, Dataplane
+from ipvsproxy.model import DestKey, Protocol, ServiceKey
 from ipvsproxy.plan import NodeFacts, PlanConfig, ServicePlan, plan_service
 from tests.host.k8s_objects import endpoint, endpoint_slice, service
 
@@ -64,3 +67,65 @@ def test_planning_reads_each_slice_port_a_bounded_number_of_times() -> None:
         p = plan(service("big", "10.96.0.70", ports=ports), sl)
         assert len(p.real_servers) == n
         assert CountingPort.reads <= 4 * n, (n, CountingPort.reads)
+
+
+ODD_ADDRESSES = {
+    "224.0.0.5": "multicast",
+    "239.255.255.250": "multicast",
+    "255.255.255.255": "broadcast",
+    "0.0.0.0": "unspecified",
+    "0.1.2.3": "unspecified",
+    "fd00::1": "IPv6",
+    "010.1.1.1": "canonical",
+    "10.1.1": "canonical",
+}
+
+
+def test_endpoint_entries_the_kernel_refuses_are_skipped_with_a_warning() -> None:
+    good = ["10.244.1.11", "10.244.2.11"]
+    eps = [endpoint(ip) for ip in [*good, *ODD_ADDRESSES]]
+    slices = [
+        endpoint_slice("odd", eps, name="odd-a"),
+        endpoint_slice(
+            "odd",
+            [endpoint("10.244.3.11")],
+            ports=[{"name": "http", "port": 70000, "protocol": "TCP"}],
+            name="odd-b",
+        ),
+        endpoint_slice(
+            "odd",
+            [endpoint("10.244.3.12")],
+            ports=[{"name": "http", "port": -1, "protocol": "TCP"}],
+            name="odd-c",
+        ),
+    ]
+    p = plan(service("odd", "10.96.0.80"), *slices)
+    assert p.error is None
+    assert sorted(str(d) for rs in p.real_servers.values() for d in rs) == [
+        f"{ip}:8080" for ip in good
+    ]
+    (warning,) = p.warnings
+    assert "default/odd" in warning
+    for address, why in ODD_ADDRESSES.items():
+        assert f"'{address}' (" in warning and why in warning.split(f"'{address}' (")[1]
+    assert "port 70000 (out of range" in warning and "port -1 (out of range" in warning
+    # Nothing odd: no warning.
+    assert (
+        plan(service("odd", "10.96.0.80"), endpoint_slice("odd", [endpoint(good[0])])).warnings
+        == ()
+    )
+
+
+def test_the_warning_is_reported_as_for_an_invalid_service_and_goes_away(tmp_path: Path) -> None:
+    unused: Any = None  # update_service never touches the kernel
+    dp = Dataplane(NODE, Backends(*[unused] * 6), tmp_path / "state.json")
+    svc = service("odd", "10.96.0.80")
+    odd = endpoint_slice("odd", [endpoint("10.244.1.11"), endpoint("224.0.0.5")])
+    report = dp.update_service("default/odd", svc, [odd])
+    assert report is not None and "224.0.0.5" in report
+    assert dp.errors == {"default/odd": report}
+    key = ServiceKey("10.96.0.80", Protocol.TCP, 80)
+    assert list(dp.desired.real_servers[key]) == [DestKey("10.244.1.11", 8080)]
+    fine = endpoint_slice("odd", [endpoint("10.244.1.11")])
+    assert dp.update_service("default/odd", svc, [fine]) is None
+    assert dp.errors == {}

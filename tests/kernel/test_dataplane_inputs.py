@@ -11,7 +11,7 @@ import pytest
 
 from lab import netns
 from lab.topology import Cluster
-from tests.host.k8s_objects import endpoint, endpoint_slice
+from tests.host.k8s_objects import endpoint, endpoint_slice, service
 from tests.kernel.dataplane_helpers import NodeDataplane, node_dataplane, sh
 from tests.kernel.test_dataplane_services import np_service, routes_to_node1
 
@@ -65,3 +65,33 @@ def test_source_range_of_everyone_admits_everyone(
         apply(ndp, ("default/all", lb(["10.0.0.0/8"]), [sl]))
         with pytest.raises(OSError):
             netns.tcp_request("external", "203.0.113.20", 80, timeout=2)
+
+
+def test_endpoint_addresses_the_kernel_refuses_are_skipped_the_others_serve(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    n1 = lab_cluster.node("node-1")
+    good = [n1.pods[0], lab_cluster.node("node-2").pods[0]]
+    odd = ["224.0.0.5", "255.255.255.255", "0.0.0.0", "fd00::1", "010.1.1.1"]
+    eps = [endpoint(p.ip, p.node) for p in good] + [endpoint(ip, "node-3") for ip in odd]
+    slices = [
+        endpoint_slice("odd", eps, name="odd-a"),
+        # A port outside 1..65535 (the API server does not check a slice's ports).
+        endpoint_slice(
+            "odd",
+            [endpoint(lab_cluster.node("node-3").pods[0].ip, "node-3")],
+            ports=[{"name": "http", "port": 70000, "protocol": "TCP"}],
+            name="odd-b",
+        ),
+    ]
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        result = apply(ndp, ("default/odd", service("odd", "10.96.2.2"), slices))
+        assert result.errors == []
+        warning = ndp.dp.errors["default/odd"]
+        for what in [*odd, "70000"]:
+            assert what in warning
+        assert real_servers(lab_cluster, n1.netns, "10.96.2.2") == sorted(
+            f"{p.ip}:8080" for p in good
+        )
+        answers = {netns.tcp_request(n1.pods[1].netns, "10.96.2.2", 80)["pod"] for _ in range(6)}
+        assert answers == {p.name for p in good}
