@@ -245,14 +245,21 @@ def test_scheduler_from_config() -> None:
     assert {vs.scheduler for vs in p.virtual_servers.values()} == {"lc"}
 
 
-def test_planning_is_deterministic() -> None:
+def test_the_plan_does_not_depend_on_the_order_of_slices_and_endpoints() -> None:
     svc = service("web", "10.96.0.10")
-    sl = endpoint_slice("web", [endpoint(f"10.244.1.{i}") for i in range(1, 20)])
-    assert plan(svc, sl) == plan(svc, sl)
-    assert (
-        DestKey("10.244.1.3", 8080)
-        in plan(svc, sl).real_servers[ServiceKey("10.96.0.10", Protocol.TCP, 80)]
-    )
+    eps = [endpoint(f"10.244.{1 + i % 2}.{i}", node=f"node-{1 + i % 2}") for i in range(1, 20)]
+    # Two endpoints are in both slices, unready in the second (as while a Pod moves between
+    # slices): whichever slice comes first, the ready copy counts.
+    unready = [{**e, "conditions": {"ready": False, "serving": False}} for e in eps[8:10]]
+    a = endpoint_slice("web", eps[:10], name="web-a")
+    b = endpoint_slice("web", unready + eps[10:], name="web-b")
+    reference = plan(svc, a, b)
+    a_shuffled = endpoint_slice("web", eps[:10][::-1], name="web-a")
+    b_shuffled = endpoint_slice("web", eps[10:][::-1] + unready, name="web-b")
+    assert plan(svc, b_shuffled, a_shuffled) == reference
+    key = ServiceKey("10.96.0.10", Protocol.TCP, 80)
+    assert len(reference.real_servers[key]) == 19
+    assert DestKey("10.244.2.3", 8080) in reference.real_servers[key]
 
 
 def test_a_service_without_an_ipv4_cluster_ip_is_skipped() -> None:
@@ -264,3 +271,81 @@ def test_a_service_without_an_ipv4_cluster_ip_is_skipped() -> None:
         externalIPs=["198.51.100.9"],
     )
     assert plan(svc) is EMPTY
+
+
+def lb_with_ranges(ranges: list[str], ingress: str = "203.0.113.30") -> dict[str, Any]:
+    return service(
+        "fw",
+        "10.96.0.50",
+        type="LoadBalancer",
+        ports=[{"name": "http", "port": 443, "nodePort": 30443, "protocol": "TCP"}],
+        loadBalancerSourceRanges=ranges,
+        status={"loadBalancer": {"ingress": [{"ip": ingress}]}},
+    )
+
+
+def test_the_node_may_reach_a_vip_when_any_one_of_its_ranges_holds_it() -> None:
+    p = plan(lb_with_ranges(["192.0.2.0/24", "192.168.56.0/24"]))
+    # One range of two holds the node's IP: the node is a permitted source.
+    assert p.members[S.LOAD_BALANCER_SOURCE_IP] == {"203.0.113.30,tcp:443,203.0.113.30"}
+    assert not p.out_filters
+    p = plan(lb_with_ranges(["192.0.2.0/24", "198.51.100.0/24"]))
+    assert S.LOAD_BALANCER_SOURCE_IP not in p.members
+    assert p.out_filters == {OutFilter("203.0.113.30", Protocol.TCP, 443)}
+
+
+def test_a_load_balancer_ip_that_is_a_node_address_is_not_bound() -> None:
+    # Bound on kube-ipvs0 it would join KUBE-IPVS-IPS, and KUBE-IPVS-FILTER would then refuse
+    # new connections to every other port of the node.
+    p = plan(lb_with_ranges([], ingress="192.168.56.11"))
+    assert ServiceKey("192.168.56.11", Protocol.TCP, 443) in p.virtual_servers
+    assert p.members[S.LOAD_BALANCER] == {"192.168.56.11,tcp:443"}
+    assert p.bind == {"10.96.0.50"}
+
+
+SVC_F_SCHED_MH_PORT = 0x0010  # IP_VS_SVC_F_SCHED_MH_PORT: what upstream sets for mh
+
+
+def test_the_mh_scheduler_hashes_the_source_port_too() -> None:
+    key = ServiceKey("10.96.0.70", Protocol.TCP, 80)
+    vs = plan(service("w", "10.96.0.70"), scheduler="mh").virtual_servers[key]
+    assert vs.scheduler == "mh" and vs.flags == SVC_F_SCHED_MH_PORT
+    sticky = service("w", "10.96.0.70", sessionAffinity="ClientIP")
+    vs = plan(sticky, scheduler="mh").virtual_servers[key]
+    assert vs.flags == SVC_F_SCHED_MH_PORT | SVC_F_PERSISTENT
+    # Other schedulers take no scheduler flag.
+    assert plan(service("w", "10.96.0.70"), scheduler="rr").virtual_servers[key].flags == 0
+    assert plan(sticky, scheduler="sh").virtual_servers[key].flags == SVC_F_PERSISTENT
+
+
+def test_no_local_endpoints_counts_each_port_with_endpoints_but_none_here() -> None:
+    two_ports = [
+        {"name": "http", "port": 80, "nodePort": 30091, "protocol": "TCP"},
+        {"name": "dns", "port": 53, "nodePort": 30092, "protocol": "UDP"},
+    ]
+    svc = service(
+        "lb", "10.96.0.30", type="NodePort", ports=two_ports, externalTrafficPolicy="Local"
+    )
+    slice_ports = [
+        {"name": "http", "port": 8080, "protocol": "TCP"},
+        {"name": "dns", "port": 5353, "protocol": "UDP"},
+    ]
+    remote = endpoint_slice("lb", [endpoint("10.244.2.11", "node-2")], ports=slice_ports)
+    assert plan(svc, remote).no_local_endpoints == 2
+    local = endpoint_slice("lb", [endpoint("10.244.1.11")], ports=slice_ports)
+    assert plan(svc, local).no_local_endpoints == 0
+    # No endpoint anywhere: nothing is missing on this node in particular.
+    assert plan(svc).no_local_endpoints == 0
+    # internalTrafficPolicy Local alone counts as well.
+    itp = service("itp", "10.96.0.31", internalTrafficPolicy="Local")
+    assert (
+        plan(itp, endpoint_slice("itp", [endpoint("10.244.2.11", "node-2")])).no_local_endpoints
+        == 1
+    )
+    # Cluster policies never count.
+    assert (
+        plan(
+            service("c", "10.96.0.32"), endpoint_slice("c", [endpoint("10.244.2.11", "node-2")])
+        ).no_local_endpoints
+        == 0
+    )
