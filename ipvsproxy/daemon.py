@@ -26,7 +26,13 @@ from ipvsproxy.health import HealthState, json_route
 from ipvsproxy.health import serve as serve_health
 from ipvsproxy.healthcheck import HealthCheckServers, Target
 from ipvsproxy.metrics import Metrics
-from ipvsproxy.nodeaddrs import local_addresses, node_port_addresses
+from ipvsproxy.nodeaddrs import (
+    FALLBACK_NODE_IP,
+    local_addresses,
+    node_ip,
+    node_port_addresses,
+    uses_node_addresses,
+)
 from ipvsproxy.objects import LABEL_SERVICE_NAME
 from ipvsproxy.plan import NodeFacts, PlanConfig
 from ipvsproxy.rules import RulesConfig
@@ -51,17 +57,15 @@ def rules_config(cfg: ProxyConfig) -> RulesConfig:
     )
 
 
-def node_facts(name: str, backends: Backends, cfg: ProxyConfig, primary: str | None) -> NodeFacts:
+def node_facts(name: str, backends: Backends, cfg: ProxyConfig, node_ip: str) -> NodeFacts:
+    """This node's addresses as the kernel has them now, and its node IP."""
     addrs = backends.addresses.indexed()
     dummy = backends.addresses.device_index()
-    local = local_addresses(addrs, dummy)
-    if primary is None:
-        primary = min(local) if local else None
     return NodeFacts(
         name=name,
-        node_ips=node_port_addresses(addrs, dummy, cfg.node_port_addresses, primary),
-        local_addresses=local,
-        primary_ip=primary,
+        node_ips=node_port_addresses(addrs, dummy, cfg.node_port_addresses, node_ip),
+        local_addresses=local_addresses(addrs, dummy),
+        primary_ip=node_ip,
     )
 
 
@@ -88,6 +92,7 @@ class Proxy:
         # Held while a sync changes the dataplane, so /status reads a consistent state.
         self.sync_lock = threading.Lock()
         self.last_sync: float | None = None  # wall time of the last sync without errors
+        self.node: Kept | None = None  # this node's Node object, once seen
 
     # -- events ------------------------------------------------------------------------------
 
@@ -113,13 +118,69 @@ class Proxy:
         self._mark(key, None)
 
     def on_node(self, _key: str, _old: Kept | None, new: Kept | None) -> None:
-        """/healthz fails while this node is going away, so load balancers drain it first."""
+        """/healthz fails while this node is going away, so load balancers drain it first. A
+        changed node IP re-plans the Services that read it at the next sync."""
         meta = (new or {}).get("metadata") or {}
         taints = ((new or {}).get("spec") or {}).get("taints") or []
         deleting = new is None or bool(meta.get("deletionTimestamp"))
         autoscaled = any(t.get("key") == "ToBeDeletedByClusterAutoscaler" for t in taints)
         with self.health.lock:
             self.health.node_eligible = not (deleting or autoscaled)
+        with self.cond:
+            before = self.node_ip()
+            if new is not None:  # a deleted Node keeps its last addresses
+                self.node = new
+            changed = self.node_ip() != before
+        if changed:
+            log.info("node IP is now %s", self.node_ip())
+            self._mark_node_dependent()
+
+    def node_ip(self) -> str:
+        """Upstream's detectNodeIPs: bindAddress, else the Node's, else 127.0.0.1."""
+        return node_ip(self.cfg.bind_address, self.node) or FALLBACK_NODE_IP
+
+    def wait_for_node(self) -> None:
+        """Until the Node informer's first list is done, so the first sync uses the Node's
+        IP (upstream waits for the Node too). A node IP neither bindAddress nor the Node gives
+        is upstream's 127.0.0.1, with its warning; a Node that appears later is followed."""
+        informer = next((i for i in self.informers if i.name == "node"), None)
+        while informer is not None and not informer.synced.wait(0.1):
+            if self.stop.is_set():
+                return
+        with self.cond:
+            found = node_ip(self.cfg.bind_address, self.node)
+        if found is None:
+            log.warning(
+                "can't determine this node's IP (no Node %s with an InternalIP or ExternalIP, "
+                "no --bind-address), assuming %s; if this is incorrect, please set the "
+                "--bind-address flag",
+                self.dp.node.name,
+                FALLBACK_NODE_IP,
+            )
+
+    def _mark_node_dependent(self) -> None:
+        with self.cond:
+            keys = [k for k, svc in self.services.items() if uses_node_addresses(svc)]
+        for key in keys:
+            self._mark(key, None)
+
+    def refresh_node(self) -> None:
+        """Bring the dataplane's node facts up to date (the node IP); when they changed, the
+        Services that read them are re-planned in this sync. Called with ``sync_lock`` held,
+        before the marks are taken."""
+        ip = self.node_ip()
+        if ip == self.dp.node.primary_ip:
+            return
+        facts = node_facts(self.dp.node.name, self.dp.b, self.cfg, ip)
+        if facts == self.dp.node:
+            return
+        log.info(
+            "node addresses: node IP %s, NodePorts on %s",
+            facts.primary_ip,
+            ", ".join(facts.node_ips) or "no address",
+        )
+        self.dp.node = facts
+        self._mark_node_dependent()
 
     def on_slice(self, key: str, old: Kept | None, new: Kept | None) -> None:
         obj = new or old or {}
@@ -150,6 +211,7 @@ class Proxy:
 
     def _replan(self) -> dict[str, float | None]:
         """Hand every Service marked since the last sync to the dataplane; return the marks."""
+        self.refresh_node()
         dirty = self._take()
         for service in sorted(dirty):
             with self.cond:
@@ -397,7 +459,10 @@ def run(cfg: ProxyConfig) -> int:
     node_name = cfg.hostname_override or socket.gethostname()
     backends = Backends.open()
     apply_kernel_settings(cfg, backends)
-    facts = node_facts(node_name, backends, cfg, None)
+    # The node IP is provisional until the Node object is listed (wait_for_node).
+    facts = node_facts(
+        node_name, backends, cfg, node_ip(cfg.bind_address, None) or FALLBACK_NODE_IP
+    )
     dp = Dataplane(
         facts,
         backends,
@@ -465,7 +530,8 @@ def run(cfg: ProxyConfig) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    log.info("ipvsproxy on node %s, node addresses %s", node_name, ", ".join(facts.node_ips))
+    proxy.wait_for_node()
+    log.info("ipvsproxy on node %s, node IP %s", node_name, proxy.node_ip())
     proxy.run()
     backends.close()
     if lock is not None:

@@ -1,14 +1,21 @@
-"""Which of the node's addresses carry NodePorts (``nodePortAddresses``), and which are local.
+"""Which of the node's addresses carry NodePorts (``nodePortAddresses``), which are local, and
+which is the node's IP.
 
-Pure: the addresses come in as read from the kernel. Upstream's default is every local address
-except loopback, IPv6 link-local and those only on kube-ipvs0; a list of CIDRs narrows it, and
-the keyword ``primary`` names the node's primary address (upstream's newer default).
+Pure: the addresses come in as read from the kernel, the Node as the API returns it. Upstream's
+default is every local address except loopback, IPv6 link-local and those only on kube-ipvs0; a
+list of CIDRs narrows it, and the keyword ``primary`` names the node IP (upstream's newer
+default) when it is a local address. The node IP is upstream's detectNodeIPs: ``bindAddress``
+unless unspecified, else the Node's first InternalIP, else its first ExternalIP.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+# Upstream's node IP when neither bindAddress nor the Node object gives one.
+FALLBACK_NODE_IP = "127.0.0.1"
 
 
 class InvalidNodePortAddresses(ValueError):
@@ -41,7 +48,8 @@ def node_port_addresses(
     chosen: set[str] = set()
     for entry in node_port_cidrs:
         if entry == "primary":
-            if primary_ip:
+            # Upstream matches the node IP's /32 against the local addresses.
+            if primary_ip in local:
                 chosen.add(primary_ip)
             continue
         try:
@@ -52,3 +60,46 @@ def node_port_addresses(
             ) from None
     chosen |= {a for a in local if any(ipaddress.ip_address(a) in n for n in nets)}
     return tuple(sorted(chosen, key=ipaddress.ip_address))
+
+
+def node_ip(bind_address: str, node: Mapping[str, Any] | None) -> str | None:
+    """The IPv4 node IP (upstream's detectNodeIPs for this family): an IPv4 ``bind_address``
+    that is not 0.0.0.0; else the Node's addresses as utilnode.GetNodeHostIPs orders them,
+    every InternalIP before every ExternalIP; None when neither gives one (the caller falls
+    back to FALLBACK_NODE_IP, as upstream)."""
+    bind = _ipv4(bind_address)
+    if bind is not None and not bind.is_unspecified:
+        return str(bind)
+    addresses = ((node or {}).get("status") or {}).get("addresses") or []
+    for kind in ("InternalIP", "ExternalIP"):
+        for entry in addresses:
+            if not isinstance(entry, Mapping) or entry.get("type") != kind:
+                continue
+            ip = _ipv4(entry.get("address"))
+            if ip is not None:
+                return str(ip)
+    return None
+
+
+def _ipv4(text: object) -> ipaddress.IPv4Address | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        ip = ipaddress.ip_address(text.strip())
+    except ValueError:
+        return None
+    return ip if isinstance(ip, ipaddress.IPv4Address) else None
+
+
+def uses_node_addresses(svc: Mapping[str, Any]) -> bool:
+    """Whether a Service's plan reads the node's addresses or its IP: NodePorts (which
+    addresses carry them), externalIPs and load-balancer VIPs (bound to kube-ipvs0 unless
+    already local; the source-range check of the node IP). Others need no re-plan when the
+    node's addresses change."""
+    spec = svc.get("spec") or {}
+    if spec.get("type") in ("NodePort", "LoadBalancer") or spec.get("externalIPs"):
+        return True
+    ports = spec.get("ports")
+    if isinstance(ports, list) and any(isinstance(p, Mapping) and p.get("nodePort") for p in ports):
+        return True
+    return bool(((svc.get("status") or {}).get("loadBalancer") or {}).get("ingress"))

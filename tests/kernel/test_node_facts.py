@@ -1,0 +1,105 @@
+"""Node facts in the lab: the node IP comes from the Node object (upstream's detectNodeIPs)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab import netns
+from lab.kube import LabKube, http_get_from, wait_for
+from lab.topology import Cluster, Node
+
+pytestmark = pytest.mark.kernel
+
+
+def node_object(node: Node) -> dict[str, Any]:
+    """As a kubelet registers it: an ExternalIP listed first, the InternalIP after it."""
+    return {
+        "metadata": {"name": node.name},
+        "status": {
+            "addresses": [
+                {"type": "Hostname", "address": node.name},
+                {"type": "ExternalIP", "address": "198.51.100.1"},
+                {"type": "InternalIP", "address": node.ip},
+            ]
+        },
+    }
+
+
+def selectorless(core: Any, disc: Any, name: str, spec: dict[str, Any], pod: Any) -> Any:
+    """A Service without a selector and its hand-written slice (the pod's echo port)."""
+    core.create_namespaced_service("default", {"metadata": {"name": name}, "spec": spec})
+    disc.create_namespaced_endpoint_slice(
+        "default",
+        {
+            "metadata": {"name": f"{name}-1", "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4",
+            "endpoints": [
+                {"addresses": [pod.ip], "nodeName": pod.node, "conditions": {"ready": True}}
+            ],
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        },
+    )
+    return core.read_namespaced_service(name, "default")
+
+
+@pytest.fixture
+def primary(lab_cluster: Cluster, tmp_path: Path) -> Iterator[LabKube]:
+    """Daemons with ``nodePortAddresses: [primary]``, every Node object registered first."""
+    from kubernetes import client
+
+    lab = LabKube(
+        lab_cluster,
+        tmp_path,
+        daemon_flags=("--watch-timeout", "3s", "--nodeport-addresses", "primary"),
+    )
+    lab.start_apiserver()
+    lab.start_controller()
+    core: Any = client.CoreV1Api(lab.api)
+    for node in lab_cluster.nodes:
+        core.create_node(node_object(node))
+    try:
+        yield lab
+    finally:
+        print(lab.logs())
+        lab.stop(cleanup=True)
+
+
+def test_primary_node_port_address_is_the_nodes_internal_ip(
+    lab_cluster: Cluster, primary: LabKube
+) -> None:
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(primary.api)
+    disc: Any = client.DiscoveryV1Api(primary.api)
+    n1 = lab_cluster.nodes[0]
+    primary.start_daemons()
+    primary.wait_first_sync(n1)
+    svc = selectorless(
+        core,
+        disc,
+        "lb",
+        {
+            "type": "LoadBalancer",
+            "externalTrafficPolicy": "Local",
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30510}],
+        },
+        n1.pods[0],
+    )
+    hc = svc.spec.health_check_node_port
+    ext = lab_cluster.external
+    wait_for(
+        lambda: netns.tcp_request(ext.netns, n1.ip, 30510, timeout=2)["pod"] == "pod-1-1",
+        30,
+        "NodePort on the node's InternalIP",
+    )
+    table = lab_cluster.exec(n1.netns, "ipvsadm", "-Ln").stdout
+    assert f"{n1.ip}:30510" in table
+    assert f"{n1.gateway}:30510" not in table, table  # the pod bridge is not the node's IP
+    # The health-check node port listens on the node-port addresses only (A5).
+    wait_for(lambda: http_get_from(ext.netns, f"http://{n1.ip}:{hc}/")[0] == 200, 30, "hc")
+    with pytest.raises(OSError):
+        netns.tcp_request(n1.pods[1].netns, n1.gateway, hc, timeout=2)
