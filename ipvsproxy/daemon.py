@@ -250,8 +250,17 @@ class Proxy:
                 identities=self.dp.state.identities,
                 last_sync=self.last_sync,
                 pending=pending,
-                invalid=self.dp.errors,
+                invalid=self._invalid(),
             )
+
+    def _invalid(self) -> dict[str, str]:
+        """Services that cannot be planned, and those whose programming failed."""
+        invalid = dict(self.dp.errors)
+        for service, failure in self.dp.failed.items():
+            if service:
+                why = f"failed to program: {failure.reason}"
+                invalid[service] = f"{invalid[service]}; {why}" if service in invalid else why
+        return invalid
 
     def apply_changes(self) -> SyncResult:
         return self._converge(self.dp.sync)
@@ -310,14 +319,15 @@ class Proxy:
             pending = len(self.dirty)
         m.endpoint_pending.set(pending)
         m.service_pending.set(pending)
+        m.failed_services.set(len(self.dp.failed))
+        for service, why in sorted(result.failed.items()):
+            log.warning("cannot program service %s: %s", service or "(deleted)", why)
+            if service and self.events is not None:
+                self.events.warn(service, "FailedToProgram", why)
         if result.errors:
             m.sync_errors.inc()
             for err in result.errors:
                 log.error("sync: %s", err)
-            rejected, self.dp.rejected = self.dp.rejected, {}
-            for service, why in rejected.items():
-                if self.events is not None:
-                    self.events.warn(service, "FailedToProgram", why)
             return
         now = time.time()
         self.last_sync = now
@@ -335,6 +345,17 @@ class Proxy:
             len(dirty),
         )
 
+    def _contained(self, how: Callable[[], SyncResult]) -> SyncResult:
+        """A sync whose exception escaped the dataplane's own containment (a bug): logged and
+        counted, the kernel read back at the next sync, and the runner goes on."""
+        try:
+            return how()
+        except Exception as exc:
+            log.exception("sync failed")
+            self.metrics.sync_errors.inc()
+            self.dp.observed = None
+            return SyncResult(full=True, errors=[f"{type(exc).__name__}: {exc}"], complete=False)
+
     def run(self) -> None:
         """The sync runner: until stopped."""
         while not self.synced():
@@ -349,7 +370,7 @@ class Proxy:
         while not self.stop.is_set():
             now = time.monotonic()
             if now - last_full >= self.cfg.sync_period:
-                result = self.reconcile()
+                result = self._contained(self.reconcile)
                 last_full = last_sync = time.monotonic()
             else:
                 with self.cond:
@@ -362,7 +383,7 @@ class Proxy:
                 pause = last_sync + max(self.cfg.min_sync_period, backoff) - time.monotonic()
                 if pause > 0 and self.stop.wait(pause):
                     return
-                result = self.apply_changes()
+                result = self._contained(self.apply_changes)
                 last_sync = time.monotonic()
             backoff = min(30.0, max(1.0, backoff * 2)) if result.errors else 0.0
             if result.errors:

@@ -14,7 +14,7 @@ import ipaddress
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import filterfalse
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,7 +55,8 @@ from ipvsproxy.model import (
     ServiceKey,
     VirtualServer,
 )
-from ipvsproxy.plan import NodeFacts, PlanConfig, plan_service
+from ipvsproxy.plan import EMPTY, NodeFacts, PlanConfig, ServicePlan, plan_service
+from ipvsproxy.retry import Failure, Failures
 from ipvsproxy.statefile import State, StateFile
 
 log = logging.getLogger("ipvsproxy")
@@ -105,6 +106,10 @@ class SyncResult:
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     sysctls_set: list[str] = field(default_factory=list)  # kernel settings this sync changed
+    failed: dict[str, str] = field(default_factory=dict)  # Services that failed, and why
+    # The sync ran to its end: upstream's proxier marks itself updated (healthy) then. Only
+    # rules that could not be written stop that, as upstream's failed iptables-restore does.
+    complete: bool = True
 
 
 @dataclass
@@ -132,6 +137,7 @@ class Dataplane:
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
         clock: Callable[[], float] = time.time,
         strict_arp: bool = False,
+        retry_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.strict_arp = strict_arp
         self.node = node
@@ -159,7 +165,9 @@ class Dataplane:
         self.state_write_failures = 0  # state file writes that failed (disk full, read-only)
         self._state_write_error: str | None = None
         self.observed: _Observed | None = None
-        self.rejected: dict[str, str] = {}  # service -> what the kernel refused, since read
+        self.failures = Failures(retry_clock)
+        self.sysctls_tried = False  # the required sysctls are set once, at the first sync
+        self.sysctl_failures: dict[str, str] = {}  # sysctl -> why it could not be set
 
     # -- input -------------------------------------------------------------------------------
 
@@ -174,13 +182,13 @@ class Dataplane:
         servers keep following its pods; if even that fails, the last good plan stays.
         """
         slices = list(slices)
-        plan = plan_service(svc, slices, self.node, self.plan_config)
+        plan = self._plan(svc, slices)
         error = plan.error
         if error:
             good = self.last_good.get(service)
             if good is None:
                 return self._report(service, error)
-            plan = plan_service(good, slices, self.node, self.plan_config)
+            plan = self._plan(good, slices)
             if plan.error:
                 return self._report(service, error)
         elif svc is None:
@@ -208,6 +216,22 @@ class Dataplane:
             self.errors[service] = report
         return report
 
+    def _plan(self, svc: Mapping[str, Any] | None, slices: list[Mapping[str, Any]]) -> ServicePlan:
+        """plan_service; whatever it raises is this Service's error, no one else's."""
+        try:
+            return plan_service(svc, slices, self.node, self.plan_config)
+        except Exception as exc:
+            return replace(EMPTY, error=f"cannot plan: {type(exc).__name__}: {exc}")
+
+    @property
+    def failed(self) -> dict[str, Failure]:
+        """Services with an operation that failed, until their retry succeeds."""
+        return self.failures.by_service
+
+    def next_retry(self) -> float | None:
+        """time.monotonic() of the earliest retry of a failed Service, if any."""
+        return self.failures.next_retry()
+
     # -- ownership ---------------------------------------------------------------------------
 
     def _excluded(self, address: str) -> bool:
@@ -228,12 +252,25 @@ class Dataplane:
     # -- converge ----------------------------------------------------------------------------
 
     def sync(self) -> SyncResult:
-        """Apply what changed since the last sync (a full reconcile the first time)."""
+        """Apply what changed since the last sync, and retry the failed Services whose retry
+        is due (a full reconcile the first time)."""
         if self.observed is None:
             return self.reconcile()
         start, writes = time.monotonic(), self.b.writes()
         changes, self.pending = self.pending, Changes()
         result = SyncResult(full=False)
+        retry = self.failures.begin()
+        if retry:
+            try:
+                self._reread(retry)
+            except Exception as exc:
+                # The failed keys' cache is unknown: the next sync reads everything back.
+                result.errors.append(f"re-reading the kernel for a retry: {exc}")
+                self.observed = None
+                self.pending.merge(changes)
+                result.failed = self.failures.end()
+                return result
+            changes.merge(retry)
         self._converge(changes, result)
         result.writes = self.b.writes() - writes
         result.seconds = time.monotonic() - start
@@ -247,16 +284,56 @@ class Dataplane:
         # The old cache goes before the kernel is read again: at 10,000 Services both at once
         # were ~8 MiB on top of the state, the daemon's peak.
         self.observed = None
+        self._ensure_sysctls(result)
+        self.failures.begin(everything=True)
         try:
-            result.sysctls_set = self.b.sysctls.ensure(required(self.strict_arp))
             self.observed = self._read_kernel()
-        except (ApplyError, OSError) as exc:
+        except Exception as exc:
             result.errors.append(f"reading the kernel: {exc}")
+            result.failed = self.failures.end()
             return result
         self._converge(differing(self.desired, self.observed), result)
         result.writes = self.b.writes() - writes
         result.seconds = time.monotonic() - start
         return result
+
+    def _ensure_sysctls(self, result: SyncResult) -> None:
+        """The sysctls IPVS needs, set once at start as upstream's NewProxier does, one at a
+        time: one that cannot be written is reported once and programming goes on."""
+        if self.sysctls_tried:
+            return
+        self.sysctls_tried = True
+        for name, value in required(self.strict_arp).items():
+            try:
+                result.sysctls_set += self.b.sysctls.ensure({name: value})
+            except Exception as exc:
+                self.sysctl_failures[name] = str(exc)
+                result.errors.append(f"cannot set sysctl {name}={value}: {exc}")
+
+    def _reread(self, keys: Changes) -> None:
+        """Read back what the kernel holds for ``keys`` only (a retry after a failure, whose
+        outcome may be unknown), into the cache."""
+        obs = self.observed
+        assert obs is not None
+        if keys.services:
+            kernel = self.b.ipvs.services()
+            for key in keys.services:
+                if key in kernel:
+                    obs.services[key] = kernel[key]
+                    obs.dests[key] = self.b.ipvs.dests(key)
+                else:
+                    obs.services.pop(key, None)
+                    obs.dests.pop(key, None)
+        if keys.addresses:
+            bound = self.b.addresses.bound()
+            for address in keys.addresses:
+                (obs.bound.add if address in bound else obs.bound.discard)(address)
+        if any(keys.members.values()):
+            sets = self.b.ipsets.read()
+            for name, entries in keys.members.items():
+                have = obs.members.setdefault(name, set())
+                for entry in entries:
+                    (have.add if entry in sets.get(name, ()) else have.discard)(entry)
 
     def _read_kernel(self) -> _Observed:
         """What the kernel holds, held as the desired objects where it is as desired."""
@@ -291,6 +368,8 @@ class Dataplane:
         )
 
     def _converge(self, changes: Changes, result: SyncResult) -> None:
+        """Each step on its own: what one step, or one Service's operations in it, raise is
+        reported and the others go on. Operations fail their Service (``self.failures``)."""
         assert self.observed is not None
         # ``changes`` is this sync's own: each part goes once used (at a full sync's peak, the
         # first, every key and member of 10,000 Services was ~4 MiB).
@@ -300,54 +379,97 @@ class Dataplane:
             changes.services.clear,
             lambda: self._members(changes.members),
             changes.members.clear,
-            lambda: self._rules(),
             lambda: self._unbind(changes.addresses),
             lambda: self._drain(),
         ]
         for step in steps:
             try:
                 step()
-            except (ApplyError, OSError) as exc:
+            except ApplyError as exc:  # each rejected operation failed its Service already
                 result.errors.append(str(exc))
-        self._save_state()
-        if result.errors:
-            # What the kernel holds after a partial failure is re-read at the next sync.
-            self.observed = None
+            except Exception as exc:  # not named by Service: the next sync reads everything
+                result.errors.append(f"{type(exc).__name__}: {exc}")
+                self.observed = None
+        if self.observed is not None:
+            try:
+                self._rules()
+            except Exception as exc:
+                result.errors.append(f"iptables: {exc}")
+                result.complete = False
+        try:
+            self._save_state()
+        except Exception as exc:
+            result.errors.append(f"saving the state file: {exc}")
+        result.failed = self.failures.end()
 
     # -- steps -------------------------------------------------------------------------------
+
+    def _fail(self, owners: Iterable[str], reason: str, keys: Changes) -> None:
+        for owner in owners:
+            self.failures.fail(owner, reason, keys)
+
+    def _owners_of_address(self, address: str) -> list[str]:
+        """The Services that bind ``address`` ("" for none: a deleted Service's leftover)."""
+        return [s for s, p in self.desired.plans.items() if address in p.bind] or [""]
+
+    def _owners_of_member(self, name: str, entry: str) -> list[str]:
+        if name == S.IPVS_IPS:
+            return self._owners_of_address(entry)
+        plans = self.desired.plans.items()
+        return [s for s, p in plans if entry in p.members.get(name, ())] or [""]
+
+    def _fail_address(self, op: AddressOp, why: object) -> None:
+        keys = Changes(addresses={op.address}, members={S.IPVS_IPS: {op.address}})
+        self._fail(self._owners_of_address(op.address), f"{op}: {why}", keys)
+
+    def _fail_member(self, op: MemberOp, why: object) -> None:
+        keys = Changes(members={op.set_name: {op.entry}})
+        self._fail(self._owners_of_member(op.set_name, op.entry), f"{op}: {why}", keys)
+
+    def _fail_service(self, key: ServiceKey, why: str) -> None:
+        owner = self.desired.owner.get(key, "")
+        self._fail([owner], why, Changes(services={key}))
+
+    def _addresses(self, ops: list[AddressOp], record: Callable[[list[AddressOp]], None]) -> None:
+        def apply(chunk: list[AddressOp]) -> int:
+            try:
+                _apply(self.b.addresses.apply, chunk, record)
+            except ApplyError as exc:
+                for i in exc.failed:
+                    self._fail_address(chunk[i], _why(exc, chunk, i))
+                raise
+            return len(chunk)
+
+        _each([ops] if ops else [], _isolating(apply, self._fail_address))
 
     def _bind(self, addresses: set[str]) -> None:
         assert self.observed is not None
         ops = address_ops(self.desired, addresses, self.observed.bound, self.owns_address)
         ops = [op for op in ops if op.kind is OpKind.ADD]
         bound = self.observed.bound
-        _apply(self.b.addresses.apply, ops, lambda done: bound.update(op.address for op in done))
+        self._addresses(ops, lambda done: bound.update(op.address for op in done))
 
     def _unbind(self, addresses: set[str]) -> None:
         assert self.observed is not None
         ops = address_ops(self.desired, addresses, self.observed.bound, self.owns_address)
         ops = [op for op in ops if op.kind is OpKind.DELETE]
         bound = self.observed.bound
-        _apply(
-            self.b.addresses.apply,
-            ops,
-            lambda done: bound.difference_update(o.address for o in done),
-        )
+        self._addresses(ops, lambda done: bound.difference_update(o.address for o in done))
 
     def _services(self, keys: set[ServiceKey]) -> None:
         obs = self.observed
         assert obs is not None
         ordered = sorted(keys, key=SERVICE_ORDER)
-        for key in ordered:
-            if key not in self.desired.virtual_servers:
-                continue
-            want = self.desired.real_servers[key]
-            have = obs.dests.get(key, {})
-            if any(d not in want for d in have):
-                # Draining decisions need the kernel's current connection counts.
-                obs.dests[key] = self.b.ipvs.dests(key)
 
         def apply(chunk: list[ServiceKey]) -> int:
+            for key in chunk:
+                if key not in self.desired.virtual_servers:
+                    continue
+                want = self.desired.real_servers[key]
+                have = obs.dests.get(key, {})
+                if any(d not in want for d in have):
+                    # Draining decisions need the kernel's current connection counts.
+                    obs.dests[key] = self.b.ipvs.dests(key)
             ops = service_ops(
                 self.desired, chunk, obs.services, obs.dests, self.owns_service, self._expired
             )
@@ -358,17 +480,17 @@ class Dataplane:
                 raise
             return len(ops)
 
-        _each(_chunked(ordered, CHUNK_VIRTUAL_SERVERS), apply)
+        def fail(key: ServiceKey, exc: Exception) -> None:
+            self._fail_service(key, f"{key}: {type(exc).__name__}: {exc}")
+
+        _each(_chunked(ordered, CHUNK_VIRTUAL_SERVERS), _isolating(apply, fail))
 
     def _blame(self, ops: list[ServiceOp | DestOp], exc: ApplyError) -> None:
-        """Name the Services whose virtual servers the kernel refused (for Events)."""
-        failed = sorted(exc.failed)
-        for i, rejected in zip(failed, exc.rejected, strict=False):
+        """Fail the Services whose virtual or real servers the kernel refused."""
+        for i in sorted(exc.failed):
             op = ops[i]
             key = op.server.key if isinstance(op, ServiceOp) else op.service
-            owner = self.desired.owner.get(key)
-            if owner is not None:
-                self.rejected[owner] = str(rejected)
+            self._fail_service(key, _why(exc, ops, i))
 
     def _record(self, ops: list[ServiceOp | DestOp]) -> None:
         """Fold applied operations into the cache and the state file's bookkeeping."""
@@ -406,7 +528,7 @@ class Dataplane:
                 dests.pop(dest, None)
                 draining.pop((service, dest), None)
                 if service.protocol is Protocol.UDP:
-                    self.b.conntrack.forget(service, dest)
+                    self._forget(service, dest)
                 continue
             old = dests.get(dest) if dests else None
             if old is None or old.stats is IDLE:
@@ -419,6 +541,14 @@ class Dataplane:
             else:
                 draining.setdefault((service, dest), now)
         _share_desired(obs.dests, self.desired.real_servers, touched)
+
+    def _forget(self, service: ServiceKey, dest: DestKey) -> None:
+        """The conntrack entries of a removed UDP real server; a failure fails its Service."""
+        try:
+            self.b.conntrack.forget(service, dest)
+        except Exception as exc:
+            why = f"conntrack cleanup of {dest} of {service}: {type(exc).__name__}: {exc}"
+            self._fail_service(service, why)
 
     def _expired(self, key: ServiceKey, have: Mapping[DestKey, Seen]) -> set[DestKey]:
         now = self.clock()
@@ -435,17 +565,30 @@ class Dataplane:
         obs = self.observed
         assert obs is not None
         services = sorted({s for s, _ in self.state.draining_since})
-        ops: list[ServiceOp | DestOp] = []
-        for key in services:
-            if key not in obs.services:
-                for dkey in [d for d in self.state.draining_since if d[0] == key]:
-                    del self.state.draining_since[dkey]
-                continue
-            obs.dests[key] = have = self.b.ipvs.dests(key)
-            want = self.desired.real_servers.get(key, {})
-            expired = self._expired(key, have)
-            ops += [op for op in diff_dests(key, want, have, expired) if op.kind is OpKind.DELETE]
-        _apply(self.b.ipvs.apply, ops, self._record)
+
+        def apply(chunk: list[ServiceKey]) -> int:
+            ops: list[ServiceOp | DestOp] = []
+            for key in chunk:
+                if key not in obs.services:
+                    for dkey in [d for d in self.state.draining_since if d[0] == key]:
+                        del self.state.draining_since[dkey]
+                    continue
+                obs.dests[key] = have = self.b.ipvs.dests(key)
+                want = self.desired.real_servers.get(key, {})
+                expired = self._expired(key, have)
+                deletes = diff_dests(key, want, have, expired)
+                ops += [op for op in deletes if op.kind is OpKind.DELETE]
+            try:
+                _apply(self.b.ipvs.apply, ops, self._record)
+            except ApplyError as exc:
+                self._blame(ops, exc)
+                raise
+            return len(ops)
+
+        def fail(key: ServiceKey, exc: Exception) -> None:
+            self._fail_service(key, f"draining {key}: {type(exc).__name__}: {exc}")
+
+        _each([services] if services else [], _isolating(apply, fail))
 
     def _members(self, members: Mapping[str, set[str]]) -> None:
         obs = self.observed
@@ -456,18 +599,21 @@ class Dataplane:
                 target = obs.members.setdefault(op.set_name, set())
                 (target.add if op.kind is OpKind.ADD else target.discard)(op.entry)
 
-        def apply(chunk: tuple[str, list[str]]) -> int:
-            name, entries = chunk
-            ops = member_ops(self.desired, name, entries, obs.members.get(name, set()))
-            _apply(self.b.ipsets.apply, ops, record)
+        def apply(ops: list[MemberOp]) -> int:
+            try:
+                _apply(self.b.ipsets.apply, ops, record)
+            except ApplyError as exc:
+                for i in exc.failed:
+                    self._fail_member(ops[i], _why(exc, ops, i))
+                raise
             return len(ops)
 
         chunks = (
-            (name, part)
+            member_ops(self.desired, name, part, obs.members.get(name, set()))
             for name in sorted(members)
             for part in _chunked(sorted(members[name]), CHUNK_MEMBERS)
         )
-        _each(chunks, apply)
+        _each((c for c in chunks if c), _isolating(apply, self._fail_member))
 
     def _rules(self) -> None:
         obs = self.observed
@@ -502,7 +648,7 @@ class Dataplane:
         for step in steps:
             try:
                 step()
-            except (ApplyError, OSError) as exc:
+            except Exception as exc:
                 result.errors.append(str(exc))
         self.observed = None
         self.state = State()
@@ -664,6 +810,47 @@ def _each(chunks: Iterable[_C], apply: Callable[[_C], int]) -> None:
             applied += exc.applied
     if rejected:
         raise ApplyError(rejected, applied)
+
+
+def _isolating(
+    apply: Callable[[list[_T]], int], blame: Callable[[_T, Exception], None]
+) -> Callable[[list[_T]], int]:
+    """``apply`` for a chunk; if it raises anything but ApplyError (a codec's struct.error,
+    pyroute2's NetlinkError, a bug), each item of the chunk is applied on its own, and those
+    that raise again are blamed: only their owners fail, the others are applied."""
+
+    def run(chunk: list[_T]) -> int:
+        try:
+            return apply(chunk)
+        except ApplyError:
+            raise
+        except Exception as exc:
+            if len(chunk) == 1:
+                blame(chunk[0], exc)
+                return 0
+        rejected: list[Rejected] = []
+        applied = 0
+        for item in chunk:
+            try:
+                applied += apply([item])
+            except ApplyError as exc:
+                rejected += exc.rejected
+                applied += exc.applied
+            except Exception as exc:
+                blame(item, exc)
+        if rejected:
+            raise ApplyError(rejected, applied)
+        return applied
+
+    return run
+
+
+def _why(exc: ApplyError, ops: Sequence[object], i: int) -> str:
+    """The kernel's refusal of ``ops[i]``, by its position among the refused ones."""
+    failed = sorted(exc.failed)
+    if i in failed and failed.index(i) < len(exc.rejected):
+        return str(exc.rejected[failed.index(i)])
+    return f"{ops[i]}: refused"
 
 
 def _apply(

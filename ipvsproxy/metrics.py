@@ -89,6 +89,11 @@ class Metrics:
             "State file writes that failed (disk full, read-only); syncs go on",
             registry=r,
         )
+        self.failed_services = Gauge(
+            "ipvsproxy_failed_services",
+            "Services with an operation that failed, each retried on its own backoff",
+            registry=r,
+        )
         self.draining = Gauge(
             "ipvsproxy_graceful_termination_real_servers",
             "Real servers at weight 0 waiting for their connections to end",

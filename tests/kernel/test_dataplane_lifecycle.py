@@ -276,5 +276,5 @@ def test_refused_virtual_servers_are_blamed_on_their_service(
                 dp.sync(),
             )
         )
-        assert list(ndp.dp.rejected) == ["ns1/bad"]
-        assert "10.96.8.1:80" in ndp.dp.rejected["ns1/bad"]
+        assert list(ndp.dp.failed) == ["ns1/bad"]
+        assert "10.96.8.1:80" in ndp.dp.failed["ns1/bad"].reason

@@ -1,0 +1,72 @@
+"""Services whose programming failed, each retried on its own, with its own backoff.
+
+An operation the kernel refused, or one that raised, fails the Service that owns the object
+(keys no Service owns any more, leftovers of a deleted one, fail under ""). The failed keys are
+converged again when that Service's retry is due, 1 s after the first failure, doubling to 30 s,
+while every other change applies at the usual pace; a retry that succeeds clears the failure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ipvsproxy.desired import Changes
+
+RETRY_FIRST = 1.0
+RETRY_MAX = 30.0
+
+
+@dataclass
+class Failure:
+    reason: str  # the last error, for Events, logs and status
+    attempts: int = 0  # syncs in a row that failed this Service
+    retry_at: float = 0.0  # clock() of the next retry
+    keys: Changes = field(default_factory=Changes)  # what the retry converges again
+
+
+class Failures:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.by_service: dict[str, Failure] = {}
+        self._this_sync: dict[str, str] = {}
+        self._retrying: set[str] = set()
+
+    def begin(self, everything: bool = False) -> Changes:
+        """A sync starts: the keys of the Services whose retry is due (every failed Service's
+        for a full sync, which converges every key anyway)."""
+        now = self.clock()
+        self._this_sync = {}
+        self._retrying = {s for s, f in self.by_service.items() if everything or f.retry_at <= now}
+        keys = Changes()
+        for service in self._retrying:
+            failure = self.by_service[service]
+            keys.merge(failure.keys)
+            failure.keys = Changes()  # a key that fails again is named again
+        return keys
+
+    def fail(self, service: str, reason: str, keys: Changes) -> None:
+        """``service``'s ``keys`` could not be converged (counted once a sync)."""
+        failure = self.by_service.get(service)
+        if failure is None:
+            failure = self.by_service[service] = Failure(reason)
+        if service not in self._this_sync:
+            failure.attempts += 1
+            backoff = RETRY_FIRST * 2 ** min(failure.attempts - 1, 16)
+            failure.retry_at = self.clock() + min(RETRY_MAX, backoff)
+        failure.reason = reason
+        failure.keys.merge(keys)
+        self._this_sync[service] = reason
+
+    def end(self) -> dict[str, str]:
+        """The sync ended: the Services it retried without a new failure are programmed now.
+        Returns the Services that failed in this sync, and why."""
+        for service in self._retrying - self._this_sync.keys():
+            self.by_service.pop(service, None)
+        self._retrying = set()
+        return dict(self._this_sync)
+
+    def next_retry(self) -> float | None:
+        """clock() of the earliest retry due, if any Service failed."""
+        return min((f.retry_at for f in self.by_service.values()), default=None)

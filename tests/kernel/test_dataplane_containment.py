@@ -1,0 +1,86 @@
+"""One Service's failure stays with that Service, in the real kernel with real traffic
+(issue 13 A1, A3): whatever its objects or operations raise, or the kernel refuses, the other
+Services are programmed and served, at the usual pace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ipvsproxy.dataplane import Dataplane
+from lab import netns
+from lab.topology import Cluster
+from tests.host.k8s_objects import endpoint, endpoint_slice, service
+from tests.kernel.dataplane_helpers import node_dataplane, sh
+
+pytestmark = pytest.mark.kernel
+
+
+def reported(dp: Dataplane, service: str) -> bool:
+    """Reported as invalid (the planner refused it) or failed (its programming failed)."""
+    return service in dp.errors or service in dp.failed
+
+
+def test_a_port_out_of_range_and_a_conntrack_failure_stay_with_their_service(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    node = lab_cluster.node("node-1")
+    client = node.pods[1]
+    pod = node.pods[0]
+    # An EndpointSlice port the API server would refuse, but a slice is what it is.
+    bad = service("bad", "10.96.7.1")
+    bad_sl = endpoint_slice(
+        "bad", [endpoint(pod.ip)], ports=[{"name": "http", "port": 70000, "protocol": "TCP"}]
+    )
+    good = service("good", "10.96.7.2")
+    good_sl = endpoint_slice("good", [endpoint(pod.ip)])
+    with node_dataplane(lab_cluster, node, tmp_path / "state.json") as ndp:
+
+        def first(dp: Dataplane) -> Any:
+            dp.update_service("default/bad", bad, [bad_sl])
+            dp.update_service("default/good", good, [good_sl])
+            return dp.sync()
+
+        ndp.run(first)
+        assert ndp.run(lambda dp: reported(dp, "default/bad"))
+        assert netns.tcp_request(client.netns, "10.96.7.2", 80)["pod"] == pod.name
+        # A UDP Service whose conntrack cleanup fails (pyroute2 raises NetlinkError) when one
+        # of its real servers goes; a new Service arrives in the same sync.
+        udp = [{"name": "d", "port": 53, "protocol": "UDP"}]
+        dns = service("dns", "10.96.7.53", ports=udp)
+        eps = [endpoint(p.ip, p.node) for p in lab_cluster.pods[:2]]
+        slice_ports = [{"name": "d", "port": 8080, "protocol": "UDP"}]
+        ndp.run(
+            lambda dp: (
+                dp.update_service("default/dns", dns, [endpoint_slice("dns", eps, slice_ports)]),
+                dp.sync(),
+            )
+        )
+        assert netns.udp_request(client.netns, "10.96.7.53", 53)["pod"] in {
+            p.name for p in lab_cluster.pods[:2]
+        }
+
+        def refuse(*_args: Any) -> int:
+            raise NetlinkError(22, "Invalid argument")
+
+        ndp.dp.b.conntrack.forget = refuse  # type: ignore[method-assign,assignment]
+        later = service("later", "10.96.7.3")
+        later_sl = endpoint_slice("later", [endpoint(lab_cluster.pods[2].ip, "node-2")])
+
+        def second(dp: Dataplane) -> Any:
+            dp.update_service("default/dns", dns, [endpoint_slice("dns", eps[:1], slice_ports)])
+            dp.update_service("default/later", later, [later_sl])
+            return dp.sync()
+
+        result = ndp.run(second)
+        assert "default/dns" in result.failed and "conntrack" in result.failed["default/dns"]
+        assert set(result.failed) == {"default/dns"}
+        # The kernel holds every other change of that sync, and serves it.
+        assert netns.tcp_request(client.netns, "10.96.7.3", 80)["pod"] == lab_cluster.pods[2].name
+        ipvs = sh(lab_cluster, node.netns, "ipvsadm -Ln")
+        assert lab_cluster.pods[1].ip not in ipvs.split("10.96.7.53:53")[1].split("TCP")[0]
+        assert netns.tcp_request(client.netns, "10.96.7.2", 80)["pod"] == pod.name
