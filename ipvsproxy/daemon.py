@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ipvsproxy import compact, gcpolicy, kubeapi, statusview
+from ipvsproxy.backends.addresses import AddressEvents
 from ipvsproxy.config import ProxyConfig
 from ipvsproxy.dataplane import Backends, Dataplane, SyncResult
 from ipvsproxy.events import EventRecorder
@@ -93,6 +94,8 @@ class Proxy:
         self.sync_lock = threading.Lock()
         self.last_sync: float | None = None  # wall time of the last sync without errors
         self.node: Kept | None = None  # this node's Node object, once seen
+        self.addresses_stale = threading.Event()  # the kernel said the node's addresses changed
+        self._addresses_read = time.monotonic()  # when refresh_node last read them
 
     # -- events ------------------------------------------------------------------------------
 
@@ -165,12 +168,18 @@ class Proxy:
             self._mark(key, None)
 
     def refresh_node(self) -> None:
-        """Bring the dataplane's node facts up to date (the node IP); when they changed, the
-        Services that read them are re-planned in this sync. Called with ``sync_lock`` held,
-        before the marks are taken."""
+        """Bring the dataplane's node facts up to date: the node IP, and the node's addresses
+        read again from the kernel when a notice said they changed or a sync period has passed
+        since the last read (notices can be lost). When the facts changed, the Services that
+        read them are re-planned in this sync. Called with ``sync_lock`` held, before the marks
+        are taken."""
         ip = self.node_ip()
-        if ip == self.dp.node.primary_ip:
+        now = time.monotonic()
+        stale = self.addresses_stale.is_set() or now - self._addresses_read >= self.cfg.sync_period
+        if not stale and ip == self.dp.node.primary_ip:
             return
+        self.addresses_stale.clear()  # a notice from now on is for the next sync
+        self._addresses_read = now
         facts = node_facts(self.dp.node.name, self.dp.b, self.cfg, ip)
         if facts == self.dp.node:
             return
@@ -181,6 +190,22 @@ class Proxy:
         )
         self.dp.node = facts
         self._mark_node_dependent()
+
+    def watch_addresses(self, events: AddressEvents) -> None:
+        """Until stopped: an address added to or removed from any interface but kube-ipvs0
+        re-plans, at the next sync, the Services that read the node's addresses."""
+        while not self.stop.is_set():
+            try:
+                changed = events.wait(1.0)
+            except OSError as exc:
+                log.warning("address notices: %s; addresses are re-read every sync period", exc)
+                return
+            if changed is not None:
+                changed.discard(self.dp.b.addresses.device_index())  # our own binds
+                if not changed:
+                    continue
+            self.addresses_stale.set()
+            self._mark_node_dependent()
 
     def on_slice(self, key: str, old: Kept | None, new: Kept | None) -> None:
         obj = new or old or {}
@@ -480,6 +505,7 @@ def run(cfg: ProxyConfig) -> int:
     node_name = cfg.hostname_override or socket.gethostname()
     backends = Backends.open()
     apply_kernel_settings(cfg, backends)
+    events = AddressEvents()  # before the first read, so no change falls in between
     # The node IP is provisional until the Node object is listed (wait_for_node).
     facts = node_facts(
         node_name, backends, cfg, node_ip(cfg.bind_address, None) or FALLBACK_NODE_IP
@@ -552,9 +578,13 @@ def run(cfg: ProxyConfig) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     proxy.wait_for_node()
+    threading.Thread(
+        target=proxy.watch_addresses, args=(events,), name="addresses", daemon=True
+    ).start()
     log.info("ipvsproxy on node %s, node IP %s", node_name, proxy.node_ip())
     proxy.run()
     backends.close()
+    events.close()
     if lock is not None:
         lock.release()
     return 0

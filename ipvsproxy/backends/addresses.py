@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import socket
 from collections.abc import Sequence
 
 from ipvsproxy.backends.errors import Counters, settle_batch
 from ipvsproxy.diff import AddressOp, OpKind
+from ipvsproxy.netlink import codec
 from ipvsproxy.netlink import rtnl_messages as r
 from ipvsproxy.netlink.sock import NETLINK_ROUTE, NetlinkSocket
 
@@ -96,3 +98,30 @@ class Addresses:
             lambda i: f"{ops[i]} on {self.device}",
             self.counters,
         )
+
+
+class AddressEvents:
+    """The kernel's notices of IPv4 addresses added to or removed from any interface (DHCP,
+    keepalived, kube-vip, ipvsproxy's own binds to kube-ipvs0)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+        self.sock.bind((0, r.RTMGRP_IPV4_IFADDR))
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def wait(self, timeout: float) -> set[int] | None:
+        """The interfaces whose addresses changed (empty when none within ``timeout``); None
+        when notices were lost (the socket's buffer overflowed): any may have changed."""
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        if not ready:
+            return set()
+        try:
+            data = self.sock.recv(1 << 16)
+        except OSError as exc:
+            if exc.errno == errno.ENOBUFS:
+                return None
+            raise
+        found = (r.address_event_ifindex(msg) for msg in codec.messages(data))
+        return {i for i in found if i is not None}

@@ -28,6 +28,7 @@ NLM_F_CREATE = 0x400
 NLM_F_EXCL = 0x200
 RT_SCOPE_UNIVERSE = 0
 RT_SCOPE_HOST = 254
+RTMGRP_IPV4_IFADDR = 0x10  # the multicast group of IPv4 address notices
 
 _NLMSGHDR = struct.Struct("=IHHII")
 _IFADDRMSG = struct.Struct("=BBBBI")
@@ -78,6 +79,15 @@ def del_address(seq: int, ifindex: int, address: str) -> bytes:
 def dump_addresses(seq: int, family: int = socket.AF_UNSPEC) -> bytes:
     flags = codec.NLM_F_REQUEST | codec.NLM_F_DUMP
     return _message(RTM_GETADDR, seq, flags, _IFADDRMSG.pack(family, 0, 0, 0, 0))
+
+
+def address_event_ifindex(msg: codec.Message) -> int | None:
+    """The interface of an address notice (RTM_NEWADDR / RTM_DELADDR); None for others. Only the
+    header is read: a cold sync's thousands of kube-ipvs0 notices cost little."""
+    if msg.type not in (RTM_NEWADDR, RTM_DELADDR) or msg.end - msg.start < _IFADDRMSG.size:
+        return None
+    ifindex: int = _IFADDRMSG.unpack_from(msg.data, msg.start)[4]
+    return ifindex
 
 
 def parse_address(msg: codec.Message) -> InterfaceAddress | None:

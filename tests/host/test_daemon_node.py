@@ -84,3 +84,49 @@ def test_no_node_ip_anywhere_is_upstreams_loopback() -> None:
     proxy.on_node("node-1", None, cast(Any, {"metadata": {"name": "node-1"}}))
     proxy._replan()
     assert proxy.node_ip() == "127.0.0.1" and dp.node.primary_ip == "127.0.0.1"
+
+
+class Notices:
+    """AddressEvents' stand-in: hands out the given notices, then stops the proxy."""
+
+    def __init__(self, proxy: daemon.Proxy, notices: list[set[int] | None]) -> None:
+        self.proxy = proxy
+        self.notices = notices
+
+    def wait(self, _timeout: float) -> set[int] | None:
+        if not self.notices:
+            self.proxy.stop.set()
+            return set()
+        return self.notices.pop(0)
+
+
+def test_an_address_notice_replans_the_services_that_read_node_addresses() -> None:
+    proxy, dp = proxy_with([])
+    assert list(dp.node.node_ips) == ["10.244.1.1", "192.168.56.11"]
+    dp.b.addresses.addresses.append((2, "192.168.56.211"))  # keepalived adds a VIP to eth0
+    # kube-ipvs0's own notices (ipvsproxy's binds) are no change of the node's addresses.
+    proxy.watch_addresses(cast(Any, Notices(proxy, [{9}, set()])))
+    assert not proxy.dirty and not proxy.addresses_stale.is_set()
+    proxy.stop.clear()
+    proxy.watch_addresses(cast(Any, Notices(proxy, [{9, 2}])))
+    assert set(proxy.dirty) == {"default/np"} and proxy.addresses_stale.is_set()
+    proxy._replan()
+    assert list(dp.node.node_ips) == ["10.244.1.1", "192.168.56.11", "192.168.56.211"]
+    assert "192.168.56.211" in dp.node.local_addresses  # an externalIP there is not bound
+    assert dp.updated == ["default/np"]
+    # Removed again; notices lost (the socket overflowed): everything is re-read.
+    dp.b.addresses.addresses.remove((2, "192.168.56.211"))
+    proxy.stop.clear()
+    proxy.watch_addresses(cast(Any, Notices(proxy, [None])))
+    proxy._replan()
+    assert dp.node.node_ips == ("10.244.1.1", "192.168.56.11")
+
+
+def test_addresses_are_read_again_every_sync_period_without_notices() -> None:
+    proxy, dp = proxy_with(["--ipvs-sync-period", "1h"])
+    dp.b.addresses.addresses.append((2, "192.168.56.211"))
+    proxy._replan()
+    assert "192.168.56.211" not in dp.node.node_ips  # no notice, within the period: not read
+    proxy._addresses_read -= 3600
+    proxy._replan()
+    assert "192.168.56.211" in dp.node.node_ips

@@ -1,4 +1,5 @@
-"""Node facts in the lab: the node IP comes from the Node object (upstream's detectNodeIPs)."""
+"""Node facts in the lab: the node IP comes from the Node object (upstream's detectNodeIPs), and
+NodePorts follow the node's addresses as they change."""
 
 from __future__ import annotations
 
@@ -103,3 +104,60 @@ def test_primary_node_port_address_is_the_nodes_internal_ip(
     wait_for(lambda: http_get_from(ext.netns, f"http://{n1.ip}:{hc}/")[0] == 200, 30, "hc")
     with pytest.raises(OSError):
         netns.tcp_request(n1.pods[1].netns, n1.gateway, hc, timeout=2)
+
+
+def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    """An address added to eth0 after start (DHCP, keepalived, kube-vip) carries the NodePorts
+    by the next sync, and goes with them when removed; an externalIP that becomes a node
+    address is no longer bound to kube-ipvs0, and is again when the node lets it go."""
+    from kubernetes import client
+
+    lab = LabKube(
+        lab_cluster, tmp_path, daemon_flags=("--watch-timeout", "3s", "--ipvs-sync-period", "2s")
+    )
+    lab.start_apiserver()
+    lab.start_controller()
+    n1, ext = lab_cluster.nodes[0], lab_cluster.external
+    added, vip = "192.168.56.211", "192.168.56.212"
+    try:
+        core: Any = client.CoreV1Api(lab.api)
+        disc: Any = client.DiscoveryV1Api(lab.api)
+        lab.start_daemons()
+        lab.wait_first_sync(n1)
+        spec = {
+            "type": "NodePort",
+            "externalIPs": [vip],
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30520}],
+        }
+        selectorless(core, disc, "web", spec, n1.pods[0])
+
+        def answers(ip: str, port: int) -> bool:
+            return bool(netns.tcp_request(ext.netns, ip, port, timeout=2)["pod"] == "pod-1-1")
+
+        def on_dummy(ip: str) -> bool:
+            out = lab_cluster.exec(n1.netns, "ip", "-o", "addr", "show", "dev", "kube-ipvs0")
+            return f" {ip}/" in out.stdout
+
+        def ipvs() -> str:
+            return lab_cluster.exec(n1.netns, "ipvsadm", "-Ln").stdout
+
+        wait_for(lambda: answers(n1.ip, 30520), 30, "NodePort on eth0's address")
+        wait_for(lambda: on_dummy(vip), 30, "externalIP bound to kube-ipvs0")
+        assert f"{added}:30520" not in ipvs()
+        for ip in (added, vip):
+            lab_cluster.exec(n1.netns, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
+        wait_for(lambda: answers(added, 30520), 30, "NodePort on the added address")
+        wait_for(lambda: not on_dummy(vip), 30, "externalIP now local: not on kube-ipvs0")
+        assert answers(vip, 80)
+        for ip in (added, vip):
+            lab_cluster.exec(n1.netns, "ip", "addr", "del", f"{ip}/24", "dev", "eth0")
+        wait_for(lambda: f"{added}:30520" not in ipvs(), 30, "NodePort virtual server removed")
+        wait_for(lambda: on_dummy(vip), 30, "externalIP bound to kube-ipvs0 again")
+        assert answers(n1.ip, 30520)
+    finally:
+        for ip in (added, vip):
+            lab_cluster.exec(n1.netns, "ip", "addr", "del", f"{ip}/24", "dev", "eth0", check=False)
+        print(lab.logs())
+        lab.stop(cleanup=True)
