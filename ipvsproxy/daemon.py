@@ -494,6 +494,47 @@ def api_client(cfg: ProxyConfig) -> Any:
     return client.ApiClient(conf)
 
 
+def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[Informer]:
+    """Services and EndpointSlices that this proxy serves, and this node's Node object."""
+    watch_timeout = max(1, int(cfg.watch_timeout))
+    proxied = "!service.kubernetes.io/headless"
+    if cfg.service_proxy_name:
+        proxied += f",service.kubernetes.io/service-proxy-name={cfg.service_proxy_name}"
+    else:
+        proxied += ",!service.kubernetes.io/service-proxy-name"
+    return [
+        Informer(
+            "services",
+            kubeapi.Lister(api, kubeapi.SERVICES),
+            proxy.on_service,
+            stop=proxy.stop,
+            resource="services",
+            label_selector=proxied,
+            watch_timeout=watch_timeout,
+            transform=compact.service,
+        ),
+        Informer(
+            "endpointslices",
+            kubeapi.Lister(api, kubeapi.ENDPOINT_SLICES),
+            proxy.on_slice,
+            stop=proxy.stop,
+            resource="endpointslices.discovery.k8s.io",
+            label_selector=LABEL_SERVICE_NAME,
+            watch_timeout=watch_timeout,
+            transform=compact.endpoint_slice,
+        ),
+        Informer(
+            "node",
+            kubeapi.Lister(api, kubeapi.NODES),
+            proxy.on_node,
+            stop=proxy.stop,
+            resource="nodes",
+            field_selector=f"metadata.name={node_name}",
+            watch_timeout=watch_timeout,
+        ),
+    ]
+
+
 def run(cfg: ProxyConfig) -> int:
     for warning in cfg.warnings:
         log.warning("config: %s", warning)
@@ -528,42 +569,7 @@ def run(cfg: ProxyConfig) -> int:
             cfg.metrics_bind_address,
             {"/status": json_route(lambda: (200, proxy.status_document()))},
         )
-    watch_timeout = max(1, int(cfg.watch_timeout))
-    proxied = "!service.kubernetes.io/headless"
-    if cfg.service_proxy_name:
-        proxied += f",service.kubernetes.io/service-proxy-name={cfg.service_proxy_name}"
-    else:
-        proxied += ",!service.kubernetes.io/service-proxy-name"
-    proxy.informers = [
-        Informer(
-            "services",
-            kubeapi.Lister(api, kubeapi.SERVICES),
-            proxy.on_service,
-            stop=proxy.stop,
-            label_selector=proxied,
-            watch_timeout=watch_timeout,
-            transform=compact.service,
-        ),
-        Informer(
-            "endpointslices",
-            kubeapi.Lister(api, kubeapi.ENDPOINT_SLICES),
-            proxy.on_slice,
-            stop=proxy.stop,
-            label_selector=LABEL_SERVICE_NAME,
-            watch_timeout=watch_timeout,
-            transform=compact.endpoint_slice,
-        ),
-    ]
-    proxy.informers.append(
-        Informer(
-            "node",
-            kubeapi.Lister(api, kubeapi.NODES),
-            proxy.on_node,
-            stop=proxy.stop,
-            field_selector=f"metadata.name={node_name}",
-            watch_timeout=watch_timeout,
-        )
-    )
+    proxy.informers = informers(cfg, api, proxy, node_name)
     proxy.events = EventRecorder(lambda ns, body: kubeapi.create_event(api, ns, body), node_name)
     proxy.health_checks.node = node_name
     for inf in proxy.informers:

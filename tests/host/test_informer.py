@@ -72,8 +72,9 @@ def test_pages_then_watches_then_relists_after_410(core: tuple[APIServer, Any]) 
         # The watch ends (timeoutSeconds) and resumes from the last resourceVersion: a change
         # made while no watch is open is not missed.
         wait(lambda: inf.counters.watches >= 2, 10)
-        # Compaction while the informer is between watches forces 410 and a relist, which
-        # reports only the Service that changed, not every object again.
+        # A change and a compaction while the server is down: the informer relists (its watch
+        # was cut, or it resumes into 410 Gone), and the relist reports only the Service that
+        # changed, not every object again.
         events.clear()
         srv.stop()
         from lab.apiserver.resources import lookup
@@ -88,7 +89,7 @@ def test_pages_then_watches_then_relists_after_410(core: tuple[APIServer, Any]) 
         srv.compact()
         time.sleep(3)
         srv.start()
-        wait(lambda: inf.counters.relists_after_gone >= 1, 30)
+        wait(lambda: inf.counters.lists >= 2, 30)
         wait(lambda: any(k == "default/new" for k, _, _ in events), 10)
         assert [k for k, _, _ in events] == ["default/new"]
         assert set(inf.cache) == {
@@ -100,3 +101,28 @@ def test_pages_then_watches_then_relists_after_410(core: tuple[APIServer, Any]) 
         }
     finally:
         stop.set()
+
+
+def test_a_watch_from_a_compacted_resource_version_relists(core: tuple[APIServer, Any]) -> None:
+    """The lab server's 410 (an ERROR event, as the real one sends): the watch ends asking for
+    a relist, which asks for data no older than what was seen and reports only the change."""
+    srv, api = core
+    api.create_namespaced_service("default", svc("old"))
+    events: list[tuple[str, Kept | None, Kept | None]] = []
+    inf = Informer(
+        "services",
+        api.list_service_for_all_namespaces,
+        lambda k, o, n: events.append((k, o, n)),
+        stop=threading.Event(),
+    )
+    inf.relist()
+    seen = inf.resource_version
+    api.create_namespaced_service("default", svc("new"))
+    srv.compact()
+    events.clear()
+    assert inf.watch_once() is False
+    assert inf.counters.relists_after_gone == 1
+    assert inf.resource_version == seen
+    inf.relist()
+    assert [k for k, _, _ in events] == ["default/new"]
+    assert set(inf.cache) == {"default/old", "default/new"}
