@@ -338,6 +338,7 @@ class Dataplane:
     def _read_kernel(self) -> _Observed:
         """What the kernel holds, held as the desired objects where it is as desired."""
         services = adopt_services(self.desired.virtual_servers, self.b.ipvs.each_service())
+        self._own(services)
         bound = adopt_members(self.desired.bind_refs.keys(), self.b.addresses.bound())
         watched = {
             k
@@ -361,6 +362,15 @@ class Dataplane:
             and ipt.fingerprint == self.state.iptables_fingerprint
         )
         return _Observed(services, dests, bound, members, text if same_rules else None)
+
+    def _own(self, services: Collection[ServiceKey]) -> None:
+        """Ours, of the kernel's virtual ``services``: those the state file names (keys
+        recorded before a write that never happened go), and those the Services want (their
+        real servers are programmed as ours anyway; a lost or unreadable state file, or a
+        node taken over from kube-proxy, must not leave them behind once unwanted)."""
+        ours, want = self.state.virtual_servers, self.desired.virtual_servers
+        ours.intersection_update(services)
+        ours.update(k for k in want if k in services and not self._excluded(k.address))
 
     def _rules_text(self) -> str:
         return rules.render(
@@ -473,10 +483,15 @@ class Dataplane:
             ops = service_ops(
                 self.desired, chunk, obs.services, obs.dests, self.owns_service, self._expired
             )
+            created = self._intend(ops)
             try:
                 _apply(self.b.ipvs.apply, ops, self._record)
             except ApplyError as exc:
                 self._blame(ops, exc)
+                # Not created: maybe someone else's since (EEXIST), never ours.
+                self.state.virtual_servers.difference_update(
+                    k for i, k in created.items() if i in exc.failed
+                )
                 raise
             return len(ops)
 
@@ -484,6 +499,22 @@ class Dataplane:
             self._fail_service(key, f"{key}: {type(exc).__name__}: {exc}")
 
         _each(_chunked(ordered, CHUNK_VIRTUAL_SERVERS), _isolating(apply, fail))
+
+    def _intend(self, ops: list[ServiceOp | DestOp]) -> dict[int, ServiceKey]:
+        """Record the virtual servers ``ops`` create as ours in the state file before the
+        kernel has them (returned by their index in ``ops``): killed between the write and
+        the save, a later run must still know them (a NodePort's address is a node's, not on
+        kube-ipvs0). One never created is forgotten at the next full sync (``_own``)."""
+        ours = self.state.virtual_servers
+        created = {
+            i: op.server.key
+            for i, op in enumerate(ops)
+            if type(op) is ServiceOp and op.kind is OpKind.ADD and op.server.key not in ours
+        }
+        if created:
+            ours.update(created.values())
+            self._save_state()
+        return created
 
     def _blame(self, ops: list[ServiceOp | DestOp], exc: ApplyError) -> None:
         """Fail the Services whose virtual or real servers the kernel refused."""

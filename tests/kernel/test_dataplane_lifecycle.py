@@ -9,7 +9,7 @@ import pytest
 
 from ipvsproxy.dataplane import Dataplane
 from lab import netns
-from lab.topology import Cluster
+from lab.topology import Cluster, Node
 from tests.host.k8s_objects import endpoint, endpoint_slice, service
 from tests.kernel.dataplane_helpers import NodeDataplane, node_dataplane, sh
 
@@ -278,3 +278,71 @@ def test_refused_virtual_servers_are_blamed_on_their_service(
         )
         assert list(ndp.dp.failed) == ["ns1/bad"]
         assert "10.96.8.1:80" in ndp.dp.failed["ns1/bad"].reason
+
+
+def killed_after_the_kernel_write(
+    node: Node, state: Path, name: str, svc: dict[str, Any], slices: list[dict[str, Any]]
+) -> None:
+    """A proxy that programs ``svc`` and dies right after its IPVS write, before anything
+    else (the state file's save included) happens."""
+    proxy = NodeDataplane(node, state)
+    applied = proxy.backends.ipvs.apply
+
+    def killed(ops: Any) -> Any:
+        applied(ops)
+        raise SystemExit("killed after the kernel write, before the state file's save")
+
+    proxy.backends.ipvs.apply = killed  # type: ignore[method-assign]
+    try:
+        with pytest.raises(SystemExit):
+            proxy.run(lambda dp: (dp.update_service(name, svc, slices), dp.sync()))
+    finally:
+        proxy.close()
+
+
+def node_port_service(name: str, ip: str, node_port: int) -> dict[str, Any]:
+    port = {"name": "http", "port": 80, "nodePort": node_port, "protocol": "TCP"}
+    return service(name, ip, type="NodePort", ports=[port])
+
+
+@pytest.mark.parametrize("restart_with", ["the state file as it was", "a corrupt state file"])
+def test_a_node_port_written_but_never_recorded_is_removed_later(
+    lab_cluster: Cluster, tmp_path: Path, restart_with: str
+) -> None:
+    """Killed between the kernel write and the state file's save: the NodePort's virtual
+    server (on a node address, not kube-ipvs0) must still be ipvsproxy's after a restart."""
+    n1 = lab_cluster.node("node-1")
+    state = tmp_path / "state.json"
+    svc = node_port_service("np", "10.96.7.1", 30700)
+    slices = [endpoint_slice("np", [endpoint(n1.pods[0].ip)])]
+    killed_after_the_kernel_write(n1, state, "default/np", svc, slices)
+    node_port = f"{n1.ip}:30700"
+    try:
+        assert node_port in sh(lab_cluster, n1.netns, "ipvsadm -Ln")
+        if restart_with == "a corrupt state file":
+            state.write_text('{"version": 1, "virtualSer')
+        with node_dataplane(lab_cluster, n1, state) as second:
+            # The restarted proxy lists the Service, programs it, then it is deleted.
+            second.run(lambda dp: (dp.update_service("default/np", svc, slices), sync_ok(dp)))
+            assert netns.tcp_request("external", n1.ip, 30700)["pod"] == n1.pods[0].name
+            second.run(lambda dp: (dp.update_service("default/np", None, []), sync_ok(dp)))
+            assert node_port not in sh(lab_cluster, n1.netns, "ipvsadm -Ln")
+    finally:
+        sh(lab_cluster, n1.netns, f"ipvsadm -D -t {node_port}", check=False)
+
+
+def test_a_node_port_deleted_while_the_proxy_was_down_is_removed_at_restart(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    n1 = lab_cluster.node("node-1")
+    state = tmp_path / "state.json"
+    svc = node_port_service("gone", "10.96.7.2", 30701)
+    killed_after_the_kernel_write(n1, state, "default/gone", svc, [])
+    node_port = f"{n1.ip}:30701"
+    try:
+        assert node_port in sh(lab_cluster, n1.netns, "ipvsadm -Ln")
+        with node_dataplane(lab_cluster, n1, state) as second:
+            second.run(sync_ok)  # the Service no longer exists
+            assert node_port not in sh(lab_cluster, n1.netns, "ipvsadm -Ln")
+    finally:
+        sh(lab_cluster, n1.netns, f"ipvsadm -D -t {node_port}", check=False)
