@@ -4,7 +4,7 @@ The lab API server runs in this process, in the benchmark's node namespace, with
 (``bench.synthetic``) put straight into its store: created through its API, the synthetic
 cluster would run out of node ports, as a real cluster of that size with every port a NodePort
 would. ``ipvsproxy run`` then lists and watches it over HTTP with the official client, as on a
-real node, programs the kernel, and answers /healthz with 200 once its first sync is done. Its
+real node, and programs the kernel; its first sync shows in its sync timestamp metric. Its
 peak resident set (VmHWM) is read then, and again after a few more periodic syncs.
 """
 
@@ -52,10 +52,10 @@ def load(server: APIServer, services: int, endpoints: int, node: str, node_ip: s
             store.put("endpointslices", _key(sl), sl)
 
 
-def _healthy() -> bool:
+def _synced() -> bool:
+    """The first sync ran to its end (/healthz is 200 while starting, as upstream's)."""
     try:
-        with urllib.request.urlopen(f"http://{HEALTHZ}/healthz", timeout=3) as resp:
-            return int(resp.status) == 200
+        return _metric("kubeproxy_sync_proxy_rules_last_timestamp_seconds") > 0
     except (OSError, urllib.error.HTTPError):
         return False
 
@@ -133,7 +133,7 @@ def _watch(
     proc: subprocess.Popen[bytes], ns: str, start: float, services: int, endpoints: int
 ) -> dict[str, Any]:
     with netns.entered(ns):
-        while not _healthy():
+        while not _synced():
             failed = _failed(proc)
             if failed:
                 raise RuntimeError(failed)

@@ -107,7 +107,8 @@ class Proxy:
         with self.cond:
             if service not in self.dirty or self.dirty[service] is None:
                 self.dirty[service] = trigger
-            self.health.queued()
+            if self.synced():  # upstream queues nothing before its initial lists are done
+                self.health.queued()
             self.metrics.last_queued.set(time.time())
             self.cond.notify_all()
 
@@ -353,15 +354,17 @@ class Proxy:
             m.sync_errors.inc()
             for err in result.errors:
                 log.error("sync: %s", err)
-            return
+        if not result.complete:
+            return  # upstream's sync whose iptables-restore failed: not marked updated
+        # As upstream, a sync that ran to its end marks the proxier updated, per-object
+        # failures included (they are reported above), and clears what was queued.
         now = time.time()
         self.last_sync = now
         m.last_sync.set(now)
         for trigger in dirty.values():
             if trigger is not None:
                 m.programming_duration.observe(max(0.0, now - trigger))
-        if not pending:
-            self.health.updated(now)
+        self.health.updated(now)
         log.info(
             "%s sync: %d writes in %.3f s, %d services changed",
             "full" if result.full else "incremental",
@@ -383,6 +386,7 @@ class Proxy:
 
     def run(self) -> None:
         """The sync runner: until stopped."""
+        self.health.updated()  # as upstream's SyncLoop: healthy while the lists come in
         while not self.synced():
             if self.stop.wait(0.1):
                 return

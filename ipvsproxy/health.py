@@ -1,8 +1,9 @@
 """/healthz and /livez with upstream kube-proxy's semantics and JSON body.
 
-Healthy when the last queued change was applied within the timeout (upstream's
-ProxierHealthServer: 2 x syncPeriod by default); /healthz is also unhealthy while the node is
-being deleted or carries the ToBeDeletedByClusterAutoscaler taint, and before the first sync.
+As upstream's ProxyHealthServer (pkg/proxy/healthcheck/proxy_health.go): unhealthy only once
+the oldest change queued and not yet applied was queued the timeout ago or more (2 x syncPeriod
+by default); healthy while starting and after every sync that ran to its end. /healthz is also
+unhealthy while the node is being deleted or carries the ToBeDeletedByClusterAutoscaler taint.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def _rfc3339(ts: float | None) -> str | None:
 @dataclass
 class HealthState:
     timeout: float
-    last_updated: float | None = None  # when a sync last completed
-    oldest_queued: float | None = None  # when the oldest change still unapplied was queued
+    last_updated: float | None = None  # when a sync last ran to its end (or the runner started)
+    oldest_queued: float | None = None  # when the oldest change queued since then was queued
     node_eligible: bool = True
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -45,16 +46,17 @@ class HealthState:
     def status(self, node_check: bool, now: float | None = None) -> tuple[int, dict[str, Any]]:
         now = now or time.time()
         with self.lock:
-            healthy = self.last_updated is not None and (
-                self.oldest_queued is None or now - self.oldest_queued <= self.timeout
-            )
+            healthy = self.oldest_queued is None or now - self.oldest_queued < self.timeout
+            if node_check:
+                healthy = healthy and self.node_eligible
+            # Upstream answers lastUpdated = currentTime while healthy (its older releases'
+            # meaning: the sync loop ran recently).
             body: dict[str, Any] = {
-                "lastUpdated": _rfc3339(self.last_updated),
+                "lastUpdated": _rfc3339(now if healthy else self.last_updated),
                 "currentTime": _rfc3339(now),
             }
             if node_check:
                 body["nodeEligible"] = self.node_eligible
-                healthy = healthy and self.node_eligible
         return (200 if healthy else 503), body
 
 

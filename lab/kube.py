@@ -54,6 +54,15 @@ def metrics(node: Node) -> str:
     return http_get_from(node.netns, f"http://{METRICS_ADDRESS}/metrics")[1]
 
 
+def last_sync_time(node: Node) -> float:
+    """kubeproxy_sync_proxy_rules_last_timestamp_seconds: 0 until a sync ran to its end
+    (/healthz is 200 while the daemon starts, as upstream's)."""
+    for line in metrics(node).splitlines():
+        if line.startswith("kubeproxy_sync_proxy_rules_last_timestamp_seconds "):
+            return float(line.split()[-1])
+    raise AssertionError("no last sync timestamp")
+
+
 def sync_count(node: Node) -> float:
     for line in metrics(node).splitlines():
         if line.startswith("kubeproxy_sync_proxy_rules_duration_seconds_count"):
@@ -223,7 +232,7 @@ class LabKube:
         return self.daemons
 
     def wait_first_sync(self, node: Node, timeout: float = 60.0) -> None:
-        """/healthz answers 200 once the node's first sync is done."""
+        """The node's first sync ran to its end (its timestamp metric is set)."""
 
         def synced() -> bool:
             if self.daemons is not None and node.name in self.daemons.exited():
@@ -231,7 +240,7 @@ class LabKube:
                     f"ipvsproxy on {node.name} exited with status "
                     f"{self.daemons.exited()[node.name]}:\n{self.daemons.logs()}"
                 )
-            return healthz(node)[0] == 200
+            return last_sync_time(node) > 0
 
         wait_for(synced, timeout, f"first sync on {node.name}")
 

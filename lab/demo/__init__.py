@@ -465,7 +465,7 @@ def run_in_guest(fault: str | None) -> int:
                 from lab.faults import FAULTS
 
                 print(f"    FAULT INJECTED ({fault}): {FAULTS[fault]}", flush=True)
-        with progress.step("Waiting for the first sync of ipvsproxy on every node (/healthz 200)"):
+        with progress.step("Waiting for the first sync of ipvsproxy on every node (sync metric)"):
             started = time.monotonic()
             for node in topo.nodes:
                 lab.wait_first_sync(node, timeout=120)
