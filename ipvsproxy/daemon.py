@@ -395,7 +395,9 @@ class Proxy:
         # which starts near 0 when the node boots, passes one sync period.)
         last_full = -math.inf
         last_sync = 0.0
-        backoff = 0.0
+        # A sync that did not run to its end (rules not written, or it raised) is retried
+        # after its own backoff; a failed Service is retried by the dataplane on its own.
+        backoff, retry_at = 0.0, math.inf
         while not self.stop.is_set():
             now = time.monotonic()
             if now - last_full >= self.cfg.sync_period:
@@ -403,21 +405,28 @@ class Proxy:
                 last_full = last_sync = time.monotonic()
             else:
                 with self.cond:
-                    wait = max(0.0, last_full + self.cfg.sync_period - now)
+                    due = min(last_full + self.cfg.sync_period, retry_at, self._next_retry())
                     if not self.dirty:
-                        self.cond.wait(timeout=wait)
-                    has_work = bool(self.dirty)
+                        self.cond.wait(timeout=max(0.0, due - now))
+                    retry = min(retry_at, self._next_retry())
+                    has_work = bool(self.dirty) or retry <= time.monotonic()
                 if not has_work or self.stop.is_set():
                     continue
-                pause = last_sync + max(self.cfg.min_sync_period, backoff) - time.monotonic()
+                pause = last_sync + self.cfg.min_sync_period - time.monotonic()
                 if pause > 0 and self.stop.wait(pause):
                     return
                 result = self._contained(self.apply_changes)
                 last_sync = time.monotonic()
-            backoff = min(30.0, max(1.0, backoff * 2)) if result.errors else 0.0
-            if result.errors:
-                # Retry with a full reconcile once the backoff has passed, work or no work.
-                last_full = min(last_full, time.monotonic() - self.cfg.sync_period + backoff)
+            if result.complete:
+                backoff, retry_at = 0.0, math.inf
+            else:
+                backoff = min(30.0, max(1.0, backoff * 2))
+                retry_at = time.monotonic() + backoff
+
+    def _next_retry(self) -> float:
+        """time.monotonic() of the dataplane's next retry of a failed Service (inf: none)."""
+        retry = self.dp.next_retry()
+        return math.inf if retry is None else retry
 
 
 def _backends(b: Backends) -> list[Any]:

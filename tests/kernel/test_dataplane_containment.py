@@ -84,3 +84,66 @@ def test_a_port_out_of_range_and_a_conntrack_failure_stay_with_their_service(
         ipvs = sh(lab_cluster, node.netns, "ipvsadm -Ln")
         assert lab_cluster.pods[1].ip not in ipvs.split("10.96.7.53:53")[1].split("TCP")[0]
         assert netns.tcp_request(client.netns, "10.96.7.2", 80)["pod"] == pod.name
+
+
+def test_a_refused_service_is_retried_on_its_own_and_others_program_at_once(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    """The kernel refuses one Service's virtual server every time (its scheduler does not
+    exist); a Service created meanwhile is programmed by the next incremental sync, no full
+    reconcile needed, and answers; the refused one is retried on its own 1 s, 2 s, ... backoff."""
+    import dataclasses
+
+    node = lab_cluster.node("node-1")
+    client = node.pods[1]
+    now = [1000.0]
+    with node_dataplane(lab_cluster, node, tmp_path / "state.json") as ndp:
+        ndp.dp.failures.clock = lambda: now[0]
+        enc = ndp.dp.b.ipvs.encoder
+        new_service = enc.new_service
+
+        def refused_scheduler(seq: int, vs: Any) -> bytes:
+            if vs.key.address == "10.96.9.1":
+                vs = dataclasses.replace(vs, scheduler="nosuch")
+            return new_service(seq, vs)
+
+        enc.new_service = refused_scheduler  # type: ignore[method-assign]
+        stuck = service("stuck", "10.96.9.1")
+        eps = [endpoint(lab_cluster.pods[0].ip)]
+
+        def first(dp: Dataplane) -> Any:
+            dp.update_service("default/stuck", stuck, [endpoint_slice("stuck", eps)])
+            return dp.sync()
+
+        result = ndp.run(first)
+        assert set(result.failed) == {"default/stuck"}
+        assert "10.96.9.1:80" in result.failed["default/stuck"]
+        refused = ndp.dp.b.ipvs.counters.failed.get("add_service", 0)
+        assert refused >= 1
+        # A new Service: the next incremental sync programs it.
+        later = service("later", "10.96.9.2")
+        later_sl = endpoint_slice("later", [endpoint(lab_cluster.pods[2].ip, "node-2")])
+
+        def second(dp: Dataplane) -> Any:
+            dp.update_service("default/later", later, [later_sl])
+            return dp.sync()
+
+        result = ndp.run(second)
+        assert not result.full and result.failed == {}
+        assert netns.tcp_request(client.netns, "10.96.9.2", 80)["pod"] == lab_cluster.pods[2].name
+        # Its retry was not due yet: the kernel was not asked again.
+        assert ndp.dp.b.ipvs.counters.failed.get("add_service", 0) == refused
+        assert ndp.dp.failed["default/stuck"].attempts == 1
+        now[0] += 1.0  # its retry is due
+        result = ndp.run(lambda dp: dp.sync())
+        assert not result.full and set(result.failed) == {"default/stuck"}
+        assert ndp.dp.b.ipvs.counters.failed.get("add_service", 0) == refused + 1
+        failure = ndp.dp.failed["default/stuck"]
+        assert failure.attempts == 2 and failure.retry_at == now[0] + 2.0
+        # The kernel accepts it again: the next retry programs it and clears the failure.
+        enc.new_service = new_service  # type: ignore[method-assign]
+        now[0] += 2.0
+        result = ndp.run(lambda dp: dp.sync())
+        assert not result.full and result.failed == {} and ndp.dp.failed == {}
+        assert netns.tcp_request(client.netns, "10.96.9.1", 80)["pod"] == lab_cluster.pods[0].name
+        assert netns.tcp_request(client.netns, "10.96.9.2", 80)["pod"] == lab_cluster.pods[2].name
