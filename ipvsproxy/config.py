@@ -19,7 +19,8 @@ Where ipvsproxy differs from upstream, on purpose:
 - The IPVS scheduler must be one the kernel has (rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq,
   mh, fo, ovf, twos; empty means rr).
 - ``--healthz-bind-address=`` and ``--metrics-bind-address=`` (empty) disable that server. In the
-  file an empty address means the default, as upstream.
+  file an empty address means the default, as upstream. ``--status-bind-address`` (ipvsproxy's
+  own) moves ``/status`` off the metrics address; empty disables it.
 - ``cluster_cidr`` is the first IPv4 CIDR of ``clusterCIDR``; an IPv6 one is a warning.
 
 ``build`` is pure; ``load`` is the only function that reads a file.
@@ -66,6 +67,8 @@ class ProxyConfig:
     bind_address: str = "0.0.0.0"
     healthz_bind_address: str = f"0.0.0.0:{HEALTHZ_PORT}"  # "" disables the server
     metrics_bind_address: str = f"127.0.0.1:{METRICS_PORT}"  # "" disables the server
+    # /status: None serves it next to /metrics, "" turns it off, else its own address.
+    status_bind_address: str | None = None
     cluster_cidr: str | None = None
     detect_local_mode: str = "ClusterCIDR"
     bridge_interface: str | None = None
@@ -387,6 +390,15 @@ def _host_port(default_port: int) -> Converter:
     return convert
 
 
+def _status_address(raw: Any, name: str, file: bool) -> str | _Default:
+    """IP:port (no default port: the metrics server has it); empty disables /status."""
+    text = _want_str(raw, name)
+    if text and _ip(text) is not None:
+        raise ConfigError(f"{name}: {text!r} must be IP:port")
+    address: str | _Default = _host_port(METRICS_PORT)(raw, name, file)
+    return address
+
+
 def _mode(raw: Any, name: str, _file: bool) -> str:
     text = _want_str(raw, name)
     if text not in ("", "ipvs"):
@@ -541,6 +553,9 @@ _SETTINGS = (
     _Setting("state_path", None, ("--state-file",), _state_path,
              "where ipvsproxy keeps what it programmed "
              f"(default {ProxyConfig.state_path})", "FILE"),
+    _Setting("status_bind_address", None, ("--status-bind-address",), _status_address,
+             "IP:port of /status (the Services' virtual servers and their Pods; default: next "
+             "to /metrics; empty disables)", "IP:PORT"),
     _Setting("watch_timeout", None, ("--watch-timeout",), _duration,
              "how long one watch request lasts before it is renewed (default 5m0s)", "DURATION"),
 )  # fmt: skip

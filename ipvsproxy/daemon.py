@@ -23,9 +23,10 @@ from ipvsproxy.backends.addresses import AddressEvents
 from ipvsproxy.config import ProxyConfig
 from ipvsproxy.dataplane import Backends, Dataplane, SyncResult
 from ipvsproxy.events import EventRecorder
-from ipvsproxy.health import HealthState, json_route
+from ipvsproxy.health import HealthState, json_route, serve_routes
 from ipvsproxy.health import serve as serve_health
 from ipvsproxy.healthcheck import HealthCheckServers, Target
+from ipvsproxy.httpserver import HTTPServer
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.nodeaddrs import (
     FALLBACK_NODE_IP,
@@ -507,6 +508,18 @@ def api_client(cfg: ProxyConfig) -> Any:
     return client.ApiClient(conf)
 
 
+def serve_metrics(cfg: ProxyConfig, metrics: Metrics, proxy: Proxy) -> list[HTTPServer]:
+    """/metrics, and /status next to it or on its own address (--status-bind-address)."""
+    status = {"/status": json_route(lambda: (200, proxy.status_document()))}
+    servers = []
+    apart = cfg.status_bind_address not in (None, cfg.metrics_bind_address)
+    if cfg.metrics_bind_address:
+        servers.append(metrics.serve(cfg.metrics_bind_address, {} if apart else status))
+    if apart and cfg.status_bind_address:
+        servers.append(serve_routes(cfg.status_bind_address, status, "status", workers=2))
+    return servers
+
+
 def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[Informer]:
     """Services and EndpointSlices that this proxy serves, and this node's Node object."""
     watch_timeout = max(1, int(cfg.watch_timeout))
@@ -577,11 +590,7 @@ def run(cfg: ProxyConfig) -> int:
     proxy = Proxy(cfg, dp, metrics)
     if cfg.healthz_bind_address:
         serve_health(proxy.health, cfg.healthz_bind_address)
-    if cfg.metrics_bind_address:
-        metrics.serve(
-            cfg.metrics_bind_address,
-            {"/status": json_route(lambda: (200, proxy.status_document()))},
-        )
+    serve_metrics(cfg, metrics, proxy)
     proxy.informers = informers(cfg, api, proxy, node_name)
     proxy.events = EventRecorder(lambda ns, body: kubeapi.create_event(api, ns, body), node_name)
     proxy.health_checks.node = node_name

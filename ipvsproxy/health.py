@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import datetime
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from ipvsproxy.httpserver import HTTPServer, Response, text
 
 
 def _rfc3339(ts: float | None) -> str | None:
@@ -64,36 +64,22 @@ class HealthState:
 Route = Callable[[], tuple[int, str, bytes]]
 
 
-def serve_routes(address: str, routes: Mapping[str, Route], name: str) -> ThreadingHTTPServer:
-    """A small HTTP server in a daemon thread: GET on each path calls its route."""
+def serve_routes(
+    address: str, routes: Mapping[str, Route], name: str, workers: int = 0
+) -> HTTPServer:
+    """GET on each path calls its route, served from a daemon thread (see ipvsproxy.httpserver:
+    idle connections time out and cannot block a probe); ``workers`` threads run routes that
+    may wait."""
     host, _, port = address.rpartition(":")
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            route = routes.get(self.path.split("?")[0])
-            if route is None:
-                self.send_error(404)
-                return
-            code, ctype, data = route()
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("X-Content-Type-Options", "nosniff")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def handle(path: str) -> Response:
+        route = routes.get(path)
+        if route is None:
+            return text(404, "404 page not found")
+        code, ctype, data = route()
+        return Response(code, ctype, data)
 
-        def log_message(self, *_args: Any) -> None:
-            pass
-
-    host = host.strip("[]") or "0.0.0.0"
-
-    class Server(ThreadingHTTPServer):
-        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        daemon_threads = True
-
-    server = Server((host, int(port)), Handler)
-    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
-    return server
+    return HTTPServer(host.strip("[]") or "0.0.0.0", int(port), handle, name, workers=workers)
 
 
 def json_route(produce: Callable[[], tuple[int, Any]]) -> Route:
@@ -104,7 +90,7 @@ def json_route(produce: Callable[[], tuple[int, Any]]) -> Route:
     return route
 
 
-def serve(state: HealthState, address: str) -> ThreadingHTTPServer:
+def serve(state: HealthState, address: str) -> HTTPServer:
     routes = {
         "/healthz": json_route(lambda: state.status(node_check=True)),
         "/livez": json_route(lambda: state.status(node_check=False)),

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+
+from ipvsproxy.httpserver import HTTPServer, Response
 
 log = logging.getLogger("ipvsproxy.healthcheck")
 EVERY_ADDRESS = ("0.0.0.0",)
@@ -38,54 +36,37 @@ class _Server:
     ) -> None:
         self.target = target
         self.addresses = addresses
-        self.httpds: list[ThreadingHTTPServer] = []
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                t = owner.target
-                proxy_healthy = healthy()
-                ns, _, name = t.service.partition("/")
-                body = json.dumps(
-                    {
-                        "service": {"namespace": ns, "name": name},
-                        "localEndpoints": t.local_endpoints,
-                        "serviceProxyHealthy": proxy_healthy,
-                    }
-                ).encode()
-                self.send_response(200 if t.local_endpoints > 0 and proxy_healthy else 503)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("X-Content-Type-Options", "nosniff")
-                self.send_header("X-Load-Balancing-Endpoint-Weight", str(t.local_endpoints))
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_args: Any) -> None:
-                pass
-
+        self.healthy = healthy
+        self.httpds: list[HTTPServer] = []
         try:
             for address in addresses:
-                self.httpds.append(_listen(address, port, Handler))
+                self.httpds.append(HTTPServer(address, port, self._answer, f"hc-{port}"))
         except OSError:
             self.close()  # what was opened goes, so the next sync tries the whole port again
             raise
-        for httpd in self.httpds:
-            threading.Thread(target=httpd.serve_forever, name=f"hc-{port}", daemon=True).start()
+
+    def _answer(self, _path: str) -> Response:
+        t = self.target
+        proxy_healthy = self.healthy()
+        ns, _, name = t.service.partition("/")
+        body = json.dumps(
+            {
+                "service": {"namespace": ns, "name": name},
+                "localEndpoints": t.local_endpoints,
+                "serviceProxyHealthy": proxy_healthy,
+            }
+        ).encode()
+        return Response(
+            200 if t.local_endpoints > 0 and proxy_healthy else 503,
+            "application/json",
+            body,
+            [("X-Load-Balancing-Endpoint-Weight", str(t.local_endpoints))],
+        )
 
     def close(self) -> None:
         for httpd in self.httpds:
-            httpd.shutdown()
-            httpd.server_close()
+            httpd.close()
         self.httpds = []
-
-
-def _listen(address: str, port: int, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
-    class Server(ThreadingHTTPServer):
-        address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        daemon_threads = True
-
-    return Server((address, port), handler)
 
 
 class HealthCheckServers:

@@ -14,6 +14,7 @@ from prometheus_client import (
 )
 
 from ipvsproxy.health import Route, serve_routes
+from ipvsproxy.httpserver import HTTPServer
 
 _BUCKETS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024,
             2.048, 4.096, 8.192, 16.384)  # fmt: skip
@@ -100,11 +101,12 @@ class Metrics:
             registry=r,
         )
 
-    def serve(self, address: str, extra: Mapping[str, Route]) -> None:
+    def serve(self, address: str, extra: Mapping[str, Route]) -> HTTPServer:
         """/metrics, and ``extra`` routes (the daemon's /status) on the same local address, as
-        upstream serves /configz and /proxyMode beside its metrics."""
+        upstream serves /configz and /proxyMode beside its metrics. The routes run on two
+        workers, as /status waits for a running sync."""
 
         def metrics() -> tuple[int, str, bytes]:
             return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
 
-        serve_routes(address, {"/metrics": metrics, **extra}, "metrics")
+        return serve_routes(address, {"/metrics": metrics, **extra}, "metrics", workers=2)

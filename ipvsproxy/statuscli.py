@@ -48,8 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--metrics-address",
+        "--status-address",
+        dest="metrics_address",
         default=DEFAULT_METRICS_ADDRESS,
-        help=f"where the daemon serves /metrics and /status (default {DEFAULT_METRICS_ADDRESS})",
+        help="where the daemon serves /status: next to /metrics "
+        f"(default {DEFAULT_METRICS_ADDRESS}) unless its --status-bind-address moved it",
     )
     p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the daemon")
 
