@@ -32,10 +32,15 @@ def _intern(value: Any) -> Any:
     return sys.intern(value) if isinstance(value, str) else value
 
 
-def _metadata(meta: Mapping[str, Any], labels: tuple[str, ...] | None) -> Metadata:
+def _metadata(
+    meta: Mapping[str, Any], labels: tuple[str, ...] | None, created: bool = False
+) -> Metadata:
     """name, namespace, resourceVersion (the informer compares it), deletionTimestamp; the
-    labels named in ``labels`` (None: all of them) and the trigger-time annotation."""
+    labels named in ``labels`` (None: all of them) and the trigger-time annotation; with
+    ``created``, creationTimestamp (a Service's: who had a virtual server first)."""
     out: Obj = {k: meta[k] for k in _METADATA if k in meta}
+    if created and "creationTimestamp" in meta:
+        out["creationTimestamp"] = meta["creationTimestamp"]
     if "namespace" in out:
         out["namespace"] = _intern(out["namespace"])
     found = meta.get("labels") or {}
@@ -103,7 +108,7 @@ def _or_whole(
 def service(obj: Mapping[str, Any]) -> Service:
     """metadata (all labels: proxy-name and headless rules read them), the spec fields read,
     and status.loadBalancer (its ingress IPs are load-balancer VIPs)."""
-    out: Obj = {"metadata": _metadata(obj.get("metadata") or {}, None)}
+    out: Obj = {"metadata": _metadata(obj.get("metadata") or {}, None, created=True)}
     if "spec" in obj:
         spec = obj["spec"] or {}
         kept = _interned({k: spec[k] for k in _SPEC if k in spec and k != "ports"})
@@ -188,7 +193,15 @@ class Slots(Mapping[str, Any]):
 
 
 class Metadata(Slots):
-    FIELDS = ("name", "namespace", "resourceVersion", "deletionTimestamp", "labels", "annotations")
+    FIELDS = (
+        "name",
+        "namespace",
+        "resourceVersion",
+        "deletionTimestamp",
+        "labels",
+        "annotations",
+        "creationTimestamp",
+    )
     __slots__ = FIELDS
 
 

@@ -249,6 +249,12 @@ class Proxy:
                 log.warning("cannot program service %s: %s", service, error)
                 if self.events is not None:
                     self.events.warn(service, "InvalidService", error)
+        # Services another one's update took a virtual server from (issue 13 B8).
+        notices, self.dp.notices = self.dp.notices, {}
+        for service, note in sorted(notices.items()):
+            log.warning("cannot program service %s: %s", service, note)
+            if self.events is not None:
+                self.events.warn(service, "InvalidService", note)
         return dirty
 
     def _converge(self, how: Callable[[], SyncResult]) -> SyncResult:

@@ -151,6 +151,10 @@ class Dataplane:
         self.pending = Changes()
         # service -> why it cannot be programmed, or what of it was left out (and why)
         self.errors: dict[str, str] = {}
+        self.invalid: dict[str, str] = {}  # service -> why its current spec cannot be planned
+        # Services whose report an update of another Service changed (it took a virtual server
+        # from them): what ``errors`` says of them, for an Event (the daemon takes them).
+        self.notices: dict[str, str] = {}
         # service -> its last spec that could be planned (the informer's object, not a copy)
         self.last_good: dict[str, Mapping[str, Any]] = {}
         self.statefile = StateFile(state_path)
@@ -185,30 +189,41 @@ class Dataplane:
         plan = self._plan(svc, slices)
         error = plan.error
         if error:
+            self.invalid[service] = error
             good = self.last_good.get(service)
             if good is None:
-                return self._report(service, error)
+                return self._report(service)
             plan = self._plan(good, slices)
             if plan.error:
-                return self._report(service, error)
-        elif svc is None:
-            self.last_good.pop(service, None)
+                return self._report(service)
         else:
-            self.last_good[service] = svc
+            self.invalid.pop(service, None)
+            if svc is None:
+                self.last_good.pop(service, None)
+            else:
+                self.last_good[service] = svc
         self.pending.merge(self.desired.update(service, plan))
         if plan.virtual_servers:
             self.state.identities[service] = plan.identity
         else:
             self.state.identities.pop(service, None)
-        return self._report(service, error)
+        for other in sorted(self.desired.moved):
+            # This update took a virtual server from it, or gave one back.
+            report = self._report(other)
+            if report is not None and other in self.desired.lost:
+                self.notices[other] = report
+        return self._report(service)
 
-    def _report(self, service: str, error: str | None) -> str | None:
-        """Set what ``errors`` says of ``service``: why it cannot be programmed (``error``),
-        else what of it was left out; returns that (None: nothing to report)."""
+    def _report(self, service: str) -> str | None:
+        """Set what ``errors`` says of ``service``: why its spec cannot be programmed, what of
+        it was left out, and which of its virtual servers another Service has; returns that
+        (None: nothing to report)."""
+        error = self.invalid.get(service)
         parts = [error] if error else []
         plan = self.desired.plans.get(service)
         if plan is not None:
             parts += plan.warnings
+        parts += self.desired.conflicts(service)
         report = "; ".join(parts) or None
         if report is None:
             self.errors.pop(service, None)

@@ -95,6 +95,23 @@ def service_id(obj: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
 
 
+def creation_time(obj: Mapping[str, Any]) -> str:
+    """``metadata.creationTimestamp`` as UTC ``YYYY-MM-DDTHH:MM:SS.ffffff``, so that two compare
+    as strings in time order whichever spelling the API or client used ("" when absent or
+    unreadable)."""
+    value = _get(obj, "metadata", "creationTimestamp")
+    if isinstance(value, datetime.datetime):
+        when = value
+    else:
+        try:
+            when = datetime.datetime.fromisoformat(str(value))
+        except ValueError:
+            return ""
+    if when.tzinfo is not None:
+        when = when.astimezone(datetime.UTC).replace(tzinfo=None)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%f")
+
+
 def is_proxied(svc: Mapping[str, Any], proxy_name: str | None = None) -> bool:
     """Whether this proxy programs the Service at all (upstream's label and type rules)."""
     labels = _get(svc, "metadata", "labels") or {}

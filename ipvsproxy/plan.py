@@ -29,6 +29,7 @@ from ipvsproxy.objects import (
     Endpoint,
     InvalidObject,
     ServicePort,
+    creation_time,
     endpoints_by_port,
     is_proxied,
     service_ports,
@@ -81,6 +82,7 @@ class ServicePlan:
     no_local_endpoints: int = 0  # ports with eTP/iTP Local and no local endpoint (metric)
     error: str | None = None  # why the Service could not be programmed
     warnings: tuple[str, ...] = ()  # what of it was left out, and why (the rest is planned)
+    created: str = ""  # the Service's creationTimestamp, normalised (who had an address first)
     identity: I.ServiceIdentity = field(default_factory=I.ServiceIdentity)  # names, for status
 
 
@@ -263,10 +265,8 @@ def plan_service(
     by_port = endpoints_by_port(slices, [(sp.name, sp.protocol) for sp in ports], skipped)
     for sp, endpoints in zip(ports, by_port, strict=True):
         _plan_port(b, sp, endpoints, node, cfg)
-    plan = b.build()
-    if skipped:
-        plan = replace(plan, warnings=(_skipped_warning(ports[0].service, skipped),))
-    return plan
+    warnings = (_skipped_warning(ports[0].service, skipped),) if skipped else ()
+    return replace(b.build(), warnings=warnings, created=creation_time(svc))
 
 
 MAX_NAMED = 10  # a warning names at most this many skipped addresses and ports

@@ -41,6 +41,7 @@ class FakeDataplane:
         self.b = SimpleNamespace(addresses=addresses)
         self.node: NodeFacts = daemon.node_facts("node-1", cast(Any, self.b), cfg, FALLBACK_NODE_IP)
         self.updated: list[str] = []
+        self.notices: dict[str, str] = {}  # reports about other Services (none here)
 
     def update_service(self, service: str, _svc: Any, _slices: Any) -> None:
         self.updated.append(service)

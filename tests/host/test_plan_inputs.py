@@ -129,3 +129,71 @@ def test_the_warning_is_reported_as_for_an_invalid_service_and_goes_away(tmp_pat
     fine = endpoint_slice("odd", [endpoint("10.244.1.11")])
     assert dp.update_service("default/odd", svc, [fine]) is None
     assert dp.errors == {}
+
+
+def _created(svc: dict[str, Any], when: str) -> dict[str, Any]:
+    svc["metadata"]["creationTimestamp"] = when
+    return svc
+
+
+VICTIM = _created(service("victim", "10.96.0.90"), "2020-01-01T00:00:00Z")
+THIEF = _created(
+    service("thief", "10.96.0.91", externalIPs=["10.96.0.90"]), "2021-01-01T00:00:00+00:00"
+)
+V_SLICE = endpoint_slice("victim", [endpoint("10.244.1.11")])
+T_SLICE = endpoint_slice("thief", [endpoint("10.244.2.22")])
+CONTESTED = ServiceKey("10.96.0.90", Protocol.TCP, 80)
+
+
+def _dataplane(tmp_path: Path) -> Dataplane:
+    unused: Any = None  # update_service never touches the kernel
+    return Dataplane(NODE, Backends(*[unused] * 6), tmp_path / "state.json")
+
+
+def test_the_service_that_had_a_virtual_server_first_keeps_it(tmp_path: Path) -> None:
+    """Whatever order they arrive in, the older Service owns the contested virtual server
+    exactly, the newer one is reported, and whichever is left owns it exactly."""
+    for order in ("victim first", "thief first"):
+        dp = _dataplane(tmp_path)
+        updates = [("default/victim", VICTIM, [V_SLICE]), ("default/thief", THIEF, [T_SLICE])]
+        if order == "thief first":
+            updates.reverse()
+        for name, svc, slices in updates:
+            dp.update_service(name, svc, slices)
+        assert dp.desired.owner[CONTESTED] == "default/victim", order
+        assert list(dp.desired.real_servers[CONTESTED]) == [DestKey("10.244.1.11", 8080)]
+        assert "10.96.0.90" in dp.errors["default/thief"] and "default/victim" not in dp.errors
+        # The thief's other virtual server and its own entries stay; its entry for the
+        # contested one goes (no KUBE-EXTERNAL-IP member masquerading the victim's traffic).
+        assert ServiceKey("10.96.0.91", Protocol.TCP, 80) in dp.desired.virtual_servers
+        assert not dp.desired.has_member(S.EXTERNAL_IP, "10.96.0.90,tcp:80")
+        if order == "thief first":
+            assert "default/thief" in dp.notices  # reported when the victim took it back
+        # The thief goes: the victim's virtual server is exactly its own.
+        dp.update_service("default/thief", None, [])
+        assert list(dp.desired.real_servers[CONTESTED]) == [DestKey("10.244.1.11", 8080)]
+        assert dp.errors == {}
+        # Back; then the victim goes: the thief owns it now, exactly, and is not reported.
+        dp.update_service("default/thief", THIEF, [T_SLICE])
+        dp.update_service("default/victim", None, [])
+        assert dp.desired.owner[CONTESTED] == "default/thief"
+        assert list(dp.desired.real_servers[CONTESTED]) == [DestKey("10.244.2.22", 8080)]
+        assert dp.desired.has_member(S.EXTERNAL_IP, "10.96.0.90,tcp:80")
+        assert dp.errors == {}
+        assert CONTESTED in dp.pending.services
+
+
+def test_creation_time_then_name_decide_and_no_timestamp_comes_last(tmp_path: Path) -> None:
+    dp = _dataplane(tmp_path)
+    a = service("a", "10.96.0.92", externalIPs=["198.51.100.1"])  # no creationTimestamp
+    b = _created(service("b", "10.96.0.93", externalIPs=["198.51.100.1"]), "2022-05-01T00:00:00Z")
+    c = _created(service("c", "10.96.0.94", externalIPs=["198.51.100.1"]), "2022-05-01T00:00:00Z")
+    key = ServiceKey("198.51.100.1", Protocol.TCP, 80)
+    for name, svc in (("default/a", a), ("default/c", c), ("default/b", b)):
+        dp.update_service(name, svc, [])
+    assert dp.desired.owner[key] == "default/b"  # same time: by name
+    assert set(dp.errors) == {"default/a", "default/c"}
+    dp.update_service("default/b", None, [])
+    assert dp.desired.owner[key] == "default/c"
+    dp.update_service("default/c", None, [])
+    assert dp.desired.owner[key] == "default/a" and dp.errors == {}

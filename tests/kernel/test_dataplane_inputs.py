@@ -32,8 +32,9 @@ def apply(ndp: NodeDataplane, *services: tuple[str, dict[str, Any] | None, list[
 
 def real_servers(cluster: Cluster, ns: str, vip: str, port: int = 80) -> list[str]:
     table = sh(cluster, ns, f"ipvsadm -Ln -t {vip}:{port}")
+    """The virtual server's serving real servers (weight 0, draining, left out)."""
     rows = [line.split() for line in table.splitlines() if line.strip().startswith("->")]
-    return sorted(row[1] for row in rows if row[1] != "RemoteAddress:Port")
+    return sorted(row[1] for row in rows if row[1] != "RemoteAddress:Port" and row[3] != "0")
 
 
 def test_source_range_of_everyone_admits_everyone(
@@ -95,3 +96,47 @@ def test_endpoint_addresses_the_kernel_refuses_are_skipped_the_others_serve(
         )
         answers = {netns.tcp_request(n1.pods[1].netns, "10.96.2.2", 80)["pod"] for _ in range(6)}
         assert answers == {p.name for p in good}
+
+
+def _created(svc: dict[str, Any], when: str) -> dict[str, Any]:
+    svc["metadata"]["creationTimestamp"] = when
+    return svc
+
+
+def test_the_service_that_had_an_address_first_keeps_it(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    """A newer Service's externalIPs equal to an older Service's ClusterIP (CVE-2020-8554
+    class): the older one keeps its traffic whatever order they arrive in, the newer one is
+    reported, and when it goes the victim's virtual server holds exactly its own endpoints."""
+    n1 = lab_cluster.node("node-1")
+    mine, theirs = n1.pods[0], lab_cluster.node("node-2").pods[0]
+    victim = _created(service("victim", "10.96.2.3"), "2020-01-01T00:00:00Z")
+    thief = _created(
+        service("thief", "10.96.2.4", externalIPs=["10.96.2.3"]), "2021-01-01T00:00:00Z"
+    )
+    v_sl = endpoint_slice("victim", [endpoint(mine.ip, mine.node)])
+    t_sl = endpoint_slice("thief", [endpoint(theirs.ip, theirs.node)])
+    client = n1.pods[1].netns
+    for order in ((0, 1), (1, 0)):
+        updates = [("default/victim", victim, [v_sl]), ("default/thief", thief, [t_sl])]
+        with node_dataplane(lab_cluster, n1, tmp_path / f"s{order[0]}.json") as ndp:
+            assert apply(ndp, *[updates[i] for i in order]).errors == []
+            answers = {netns.tcp_request(client, "10.96.2.3", 80)["pod"] for _ in range(4)}
+            assert answers == {mine.name}, order
+            assert "10.96.2.3" in ndp.dp.errors["default/thief"]
+            assert "default/victim" not in ndp.dp.errors
+            assert ndp.run(lambda dp: dp.reconcile()).writes == 0  # the kernel is as desired
+            assert real_servers(lab_cluster, n1.netns, "10.96.2.3") == [f"{mine.ip}:8080"]
+            # The thief goes: the victim's virtual server is exactly its own.
+            assert apply(ndp, ("default/thief", None, [])).errors == []
+            assert real_servers(lab_cluster, n1.netns, "10.96.2.3") == [f"{mine.ip}:8080"]
+            assert netns.tcp_request(client, "10.96.2.3", 80)["pod"] == mine.name
+            assert "default/thief" not in ndp.dp.errors
+            # Back, then the victim goes: now the other one owns it, exactly.
+            apply(ndp, ("default/thief", thief, [t_sl]))
+            apply(ndp, ("default/victim", None, []))
+            assert real_servers(lab_cluster, n1.netns, "10.96.2.3") == [f"{theirs.ip}:8080"]
+            assert "default/thief" not in ndp.dp.errors
+            full = ndp.run(lambda dp: dp.reconcile())
+            assert (full.errors, full.writes) == ([], 0)
