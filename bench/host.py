@@ -32,7 +32,7 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -147,7 +147,9 @@ class _NoConntrack:
 
     counters = Counters()
 
-    def forget(self, service: ServiceKey, dest: DestKey) -> int:
+    def flush_stale(
+        self, service: ServiceKey, live: Collection[str], gone: Collection[str] = ()
+    ) -> int:
         return 0
 
     def close(self) -> None:

@@ -95,6 +95,9 @@ class ProxyConfig:
     service_proxy_name: str | None = None
     state_path: str = "/var/lib/ipvsproxy/state.json"
     watch_timeout: float = 300.0  # ipvsproxy's own --watch-timeout: seconds per watch request
+    # ipvsproxy's own --ipvs-drain-timeout: how long a removed TCP real server may drain at
+    # weight 0 before it is deleted with connections left; 0: no bound (upstream's behaviour).
+    ipvs_drain_timeout: float = 900.0
     log_format: str = "text"
     verbosity: int = 0
     # One line per field or flag ipvsproxy ignores, or reads otherwise than upstream.
@@ -558,6 +561,9 @@ _SETTINGS = (
              "to /metrics; empty disables)", "IP:PORT"),
     _Setting("watch_timeout", None, ("--watch-timeout",), _duration,
              "how long one watch request lasts before it is renewed (default 5m0s)", "DURATION"),
+    _Setting("ipvs_drain_timeout", None, ("--ipvs-drain-timeout",), _duration,
+             "how long a removed TCP real server drains at weight 0 before it is deleted with "
+             "connections left (default 15m0s; 0: until it has none, as upstream)", "DURATION"),
 )  # fmt: skip
 _BY_KEY = {s.key: s for s in _SETTINGS}
 

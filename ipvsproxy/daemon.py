@@ -590,6 +590,7 @@ def run(cfg: ProxyConfig) -> int:
         plan_config=PlanConfig(scheduler=cfg.scheduler, proxy_name=cfg.service_proxy_name),
         rules_config=rules_config(cfg),
         exclude_cidrs=cfg.exclude_cidrs,
+        grace_seconds=drain_seconds(cfg),
         strict_arp=cfg.strict_arp,
     )
     metrics = Metrics()
@@ -622,6 +623,11 @@ def run(cfg: ProxyConfig) -> int:
     if lock is not None:
         lock.release()
     return 0
+
+
+def drain_seconds(cfg: ProxyConfig) -> float:
+    """The bound on a TCP real server's graceful termination; 0 in the config: none."""
+    return cfg.ipvs_drain_timeout or math.inf
 
 
 def _lock_state(path: Path) -> StateLock | None:

@@ -169,6 +169,8 @@ class Dataplane:
         self.state_write_failures = 0  # state file writes that failed (disk full, read-only)
         self._state_write_error: str | None = None
         self.observed: _Observed | None = None
+        # UDP virtual servers whose real servers changed, to flush: -> the addresses removed.
+        self._udp_changed: dict[ServiceKey, set[str]] = {}
         self.failures = Failures(retry_clock)
         self.sysctls_tried = False  # the required sysctls are set once, at the first sync
         self.sysctl_failures: dict[str, str] = {}  # sysctl -> why it could not be set
@@ -406,6 +408,7 @@ class Dataplane:
             changes.members.clear,
             lambda: self._unbind(changes.addresses),
             lambda: self._drain(),
+            lambda: self._flush_udp(),
         ]
         for step in steps:
             try:
@@ -549,6 +552,7 @@ class Dataplane:
         dests: dict[DestKey, Seen] = {}
         want: Mapping[DestKey, RealServerLike] = {}
         touched: list[ServiceKey] = []
+        gone: set[str] | None = None  # a UDP virtual server's real servers removed
         delete = OpKind.DELETE
         for op in ops:
             if isinstance(op, ServiceOp):
@@ -568,13 +572,16 @@ class Dataplane:
                 dests = _own_copy(obs.dests, service)
                 want = self.desired.real_servers.get(service, {})
                 touched.append(service)
+                gone = None
+                if service.protocol is Protocol.UDP:  # its stale flows go at the sync's end
+                    gone = self._udp_changed.setdefault(service, set())
             server = op.server
             dest = server if type(server) is DestKey else server.key
             if op.kind is delete:
                 dests.pop(dest, None)
                 draining.pop((service, dest), None)
-                if service.protocol is Protocol.UDP:
-                    self._forget(service, dest)
+                if gone is not None:
+                    gone.add(dest.address)
                 continue
             old = dests.get(dest) if dests else None
             if old is None or old.stats is IDLE:
@@ -588,13 +595,17 @@ class Dataplane:
                 draining.setdefault((service, dest), now)
         _share_desired(obs.dests, self.desired.real_servers, touched)
 
-    def _forget(self, service: ServiceKey, dest: DestKey) -> None:
-        """The conntrack entries of a removed UDP real server; a failure fails its Service."""
-        try:
-            self.b.conntrack.forget(service, dest)
-        except Exception as exc:
-            why = f"conntrack cleanup of {dest} of {service}: {type(exc).__name__}: {exc}"
-            self._fail_service(service, why)
+    def _flush_udp(self) -> None:
+        """Upstream's CleanStaleEntries for the UDP virtual servers whose real servers this
+        sync changed (``backends.conntrack.stale``); a failure fails that Service only."""
+        changed, self._udp_changed = self._udp_changed, {}
+        for service, gone in sorted(changed.items()):
+            live = {d.address for d in self.desired.real_servers.get(service, {})}
+            try:
+                self.b.conntrack.flush_stale(service, live, gone)
+            except Exception as exc:
+                why = f"conntrack cleanup of {service}: {type(exc).__name__}: {exc}"
+                self._fail_service(service, why)
 
     def _expired(self, key: ServiceKey, have: Mapping[DestKey, Seen]) -> set[DestKey]:
         now = self.clock()

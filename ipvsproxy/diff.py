@@ -105,10 +105,10 @@ def diff_dests(
 ) -> list[DestOp]:
     """Real server operations for one virtual server, with graceful termination.
 
-    A TCP or SCTP real server that is no longer wanted is first set to weight 0, so it keeps
-    its established connections and gets no new ones; it is deleted once it has none, or when
-    the caller says its grace period ``expired``. UDP has no connection to drain: a UDP real
-    server goes at once (the caller then clears its conntrack entries).
+    A TCP real server that is no longer wanted is first set to weight 0, so it keeps its
+    established connections and gets no new ones; it is deleted once it has none, or when the
+    caller says its grace period ``expired``. UDP and SCTP real servers go at once, as
+    upstream's (IsRsGracefulTerminationNeeded; the caller clears UDP conntrack entries).
     """
     if not observed:
         # A new virtual server (all of them, in a cold sync): every real server is added.
@@ -125,7 +125,7 @@ def diff_dests(
                 ops.append(DestOp(OpKind.SET, service, want))
             continue
         assert have is not None
-        if service.protocol is Protocol.UDP or have.stats.idle or key in expired:
+        if service.protocol is not Protocol.TCP or have.stats.idle or key in expired:
             ops.append(DestOp(OpKind.DELETE, service, have.server))
         elif have.server.weight != 0:
             drained = RealServer(key, weight=0, fwd_method=have.server.fwd_method)

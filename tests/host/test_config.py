@@ -319,6 +319,7 @@ def test_every_flag_maps_to_its_field() -> None:
         "--conntrack-tcp-timeout-close-wait=30s", "--conntrack-udp-timeout=30s",
         "--conntrack-udp-timeout-stream=2m", "--log-format=json", "--v=2",
         "--service-proxy-name=ipvsproxy", "--state-file=/run/ipvsproxy.json",
+        "--ipvs-drain-timeout=1m30s",
     ]  # fmt: skip
     assert build(None, argv) == ProxyConfig(
         kubeconfig="/k",
@@ -350,6 +351,7 @@ def test_every_flag_maps_to_its_field() -> None:
         verbosity=2,
         service_proxy_name="ipvsproxy",
         state_path="/run/ipvsproxy.json",
+        ipvs_drain_timeout=90.0,
     )
 
 

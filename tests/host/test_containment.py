@@ -88,12 +88,12 @@ def _inject_ipsets(dp: Dataplane) -> None:
 
 
 def _inject_conntrack(dp: Dataplane) -> None:
-    def raising(service: Any, dest: Any) -> int:
+    def raising(service: Any, live: Any, gone: Any = ()) -> int:
         if _mentions_bad(service):
             raise Boom("NetlinkError(22, 'Invalid argument')")
         return 0
 
-    dp.b.conntrack.forget = raising  # type: ignore[method-assign]
+    dp.b.conntrack.flush_stale = raising  # type: ignore[method-assign]
 
 
 INJECT: dict[str, Callable[[Dataplane], None]] = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from typing import Any, cast
@@ -29,6 +30,13 @@ def test_conntrack_settings_follow_upstream() -> None:
     values = conntrack_sysctls(cfg, cores=64)
     assert "net/netfilter/nf_conntrack_max" not in values
     assert values["net/netfilter/nf_conntrack_udp_timeout"] == "30"
+
+
+def test_the_tcp_drain_bound_is_a_setting_and_zero_means_none() -> None:
+    assert daemon.drain_seconds(build(None, [])) == 15 * 60  # the default: 15 minutes
+    assert daemon.drain_seconds(build(None, ["--ipvs-drain-timeout", "2m"])) == 120.0
+    # 0: as upstream, a real server drains until it has no connections left.
+    assert daemon.drain_seconds(build(None, ["--ipvs-drain-timeout", "0"])) == math.inf
 
 
 def test_local_detector_comes_from_the_configuration() -> None:

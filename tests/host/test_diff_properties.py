@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -122,8 +123,9 @@ def test_dest_diff_applied_to_a_yields_b_with_graceful_termination(
     for key, rs in want.items():
         assert result[key].server == rs
     for key in set(result) - set(want):
-        # Only a draining TCP/SCTP real server with connections stays, at weight 0.
-        assert proto is not Protocol.UDP
+        # Only a draining TCP real server with connections stays, at weight 0: UDP and
+        # SCTP ones go at once (upstream's IsRsGracefulTerminationNeeded).
+        assert proto is Protocol.TCP
         assert result[key].server.weight == 0 and not result[key].stats.idle
     # Once the grace period expires, everything unwanted goes.
     final = apply_dests(result, diff_dests(svc, want, result, expired=set(result)))
@@ -272,3 +274,13 @@ def test_an_unchanged_service_yields_no_changes(
     state = build(a)
     for name, (svc, sl) in a.items():
         assert not state.update(f"default/{name}", plan_service(svc, [sl], NODE, PlanConfig()))
+
+
+@pytest.mark.parametrize("proto", [Protocol.UDP, Protocol.SCTP])
+def test_busy_udp_and_sctp_real_servers_go_at_once(proto: Protocol) -> None:
+    busy = RealServer(DestKey("10.244.1.11", 8080))
+    svc, have, want = dest_case([(busy, 2)], [], proto)
+    assert diff_dests(svc, want, have) == [DestOp(OpKind.DELETE, svc, busy)]
+    svc, have, want = dest_case([(busy, 2)], [], Protocol.TCP)
+    drained = RealServer(busy.key, weight=0, fwd_method=busy.fwd_method)
+    assert diff_dests(svc, want, have) == [DestOp(OpKind.SET, svc, drained)]

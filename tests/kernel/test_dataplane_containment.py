@@ -67,7 +67,7 @@ def test_a_port_out_of_range_and_a_conntrack_failure_stay_with_their_service(
         def refuse(*_args: Any) -> int:
             raise NetlinkError(22, "Invalid argument")
 
-        ndp.dp.b.conntrack.forget = refuse  # type: ignore[method-assign,assignment]
+        ndp.dp.b.conntrack.flush_stale = refuse  # type: ignore[method-assign,assignment]
         later = service("later", "10.96.7.3")
         later_sl = endpoint_slice("later", [endpoint(lab_cluster.pods[2].ip, "node-2")])
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import socket
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -304,3 +306,87 @@ def test_skipped_services_and_merged_slices(lab_cluster: Cluster, tmp_path: Path
         assert sh(lab_cluster, n1.netns, "ipvsadm -Sn").count("-a -t 10.96.7.4:80") == 3
         pods = {netns.tcp_request(n1.pods[1].netns, "10.96.7.4", 80)["pod"] for _ in range(6)}
         assert pods == {x.name for x in p[:3]}
+
+
+def test_sctp_real_servers_go_at_once_as_upstream(lab_cluster: Cluster, tmp_path: Path) -> None:
+    """Upstream deletes UDP and SCTP real servers at once (no graceful termination), even with
+    associations open: only TCP drains at weight 0."""
+    n1 = lab_cluster.node("node-1")
+    a, b = n1.pods[0], lab_cluster.node("node-2").pods[0]
+    ports = [{"name": "s", "port": 9000, "protocol": "SCTP"}]
+    slice_ports = [{"name": "s", "port": 8080, "protocol": "SCTP"}]
+    svc = service("sctp-gt", "10.96.1.14", ports=ports)
+    both = endpoint_slice("sctp-gt", [endpoint(a.ip, a.node), endpoint(b.ip, b.node)], slice_ports)
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        program(ndp, (svc, [both]))
+        proto = socket.IPPROTO_SCTP
+        with netns.TCPSession(n1.pods[1].netns, "10.96.1.14", 9000, proto=proto) as session:
+            first = session.ask()
+            assert first["proto"] == "sctp"
+            leaving, staying = (a, b) if first["pod"] == a.name else (b, a)
+            table = sh(lab_cluster, n1.netns, "ipvsadm -Ln --sctp-service 10.96.1.14:9000")
+            assert f"{leaving.ip}:8080" in table.split("ActiveConn")[1]
+            only = endpoint_slice("sctp-gt", [endpoint(staying.ip, staying.node)], slice_ports)
+            program(ndp, (svc, [only]))
+            # Gone at once, its association open or not; new associations go to the other.
+            table = sh(lab_cluster, n1.netns, "ipvsadm -Ln --sctp-service 10.96.1.14:9000")
+            assert f"{leaving.ip}:8080" not in table and f"{staying.ip}:8080" in table
+            assert ndp.dp.state.draining_since == {}
+            fresh = {netns.sctp_request(n1.pods[1].netns, "10.96.1.14", 9000)["pod"]}
+            assert fresh == {staying.name}
+
+
+def test_udp_flows_refused_while_there_was_no_endpoint_work_once_there_is(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    """As upstream's CleanStaleEntries: once a UDP Service has endpoints, its conntrack
+    entries not answered by one are flushed. An external client's flow to the NodePort, refused
+    by the node before the Service existed, then dropped while it had no endpoint, keeps its
+    source port; its stale entry would skip the masquerade (nat rules see only a flow's first
+    packet), so the remote endpoint's answer would never come back through node-1."""
+    n1 = lab_cluster.node("node-1")
+    remote = lab_cluster.node("node-2").pods[0]
+    ports = [{"name": "u", "port": 53, "nodePort": 30553, "protocol": "UDP"}]
+    slice_ports = [{"name": "u", "port": 8080, "protocol": "UDP"}]
+    svc = service("udp-none", "10.96.1.15", type="NodePort", ports=ports)
+
+    def ask() -> dict[str, Any]:
+        return netns.udp_request("external", n1.ip, 30553, source_port=40553, timeout=2.0)
+
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        program(ndp, (service("other", "10.96.1.17"), []))  # the node's rules are in place
+        with pytest.raises(OSError):  # no Service yet: the node refuses it
+            ask()
+        entries = sh(lab_cluster, n1.netns, "conntrack -L -p udp --dport 30553")
+        assert "sport=40553" in entries  # the refused flow is tracked
+        program(ndp, (svc, [endpoint_slice("udp-none", [], slice_ports)]))
+        with pytest.raises(OSError):  # no endpoint: dropped
+            ask()
+        ready = endpoint_slice("udp-none", [endpoint(remote.ip, remote.node)], slice_ports)
+        program(ndp, (svc, [ready]))
+        answer = ask()  # the same flow (same source port) now reaches the endpoint
+        assert answer["pod"] == remote.name and client_ip(answer) == n1.ip
+
+
+def test_udp_flows_of_an_endpoint_that_went_are_flushed_and_no_others(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    """As upstream: the entries to the Service not answered by a serving endpoint go, those of
+    the endpoints that stay are kept."""
+    n1 = lab_cluster.node("node-1")
+    a, b = n1.pods[0], lab_cluster.node("node-2").pods[0]
+    ports = [{"name": "u", "port": 53, "protocol": "UDP"}]
+    slice_ports = [{"name": "u", "port": 8080, "protocol": "UDP"}]
+    svc = service("udp-two", "10.96.1.16", ports=ports)
+    both = endpoint_slice("udp-two", [endpoint(a.ip, a.node), endpoint(b.ip, b.node)], slice_ports)
+    client = n1.pods[1].netns
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        program(ndp, (svc, [both]))
+        answered = {}
+        for sport in range(41000, 41012):  # flows to both endpoints (rr)
+            answered[sport] = netns.udp_request(client, "10.96.1.16", 53, source_port=sport)["pod"]
+        assert set(answered.values()) == {a.name, b.name}
+        program(ndp, (svc, [endpoint_slice("udp-two", [endpoint(b.ip, b.node)], slice_ports)]))
+        entries = sh(lab_cluster, n1.netns, "conntrack -L -p udp --orig-dst 10.96.1.16")
+        kept = {int(p) for p in re.findall(r"sport=(\d+) dport=53 ", entries)}
+        assert kept == {s for s, pod in answered.items() if pod == b.name}
