@@ -353,6 +353,7 @@ class Proxy:
         m.endpoint_pending.set(pending)
         m.service_pending.set(pending)
         m.failed_services.set(len(self.dp.failed))
+        m.kernel_problems.set(len(self.dp.kernel_problems) + len(self.dp.sysctl_failures))
         for service, why in sorted(result.failed.items()):
             log.warning("cannot program service %s: %s", service or "(deleted)", why)
             if service and self.events is not None:

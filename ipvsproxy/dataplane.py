@@ -121,8 +121,11 @@ class _Observed:
     # kernel holds exactly that; ``_record`` copies it before changing it.
     dests: dict[ServiceKey, Mapping[DestKey, Seen]]
     bound: set[str]
-    members: dict[str, set[str]]
+    members: dict[str, set[str]]  # the sets of ours that exist, with their members
     rules_text: str | None
+    # Parts whose read failed ("ipvs", "addresses", "ipsets"): a sync leaves them alone and
+    # the next sync is a full one, which reads them again.
+    unread: frozenset[str] = frozenset()
 
 
 class Dataplane:
@@ -174,6 +177,9 @@ class Dataplane:
         self.failures = Failures(retry_clock)
         self.sysctls_tried = False  # the required sysctls are set once, at the first sync
         self.sysctl_failures: dict[str, str] = {}  # sysctl -> why it could not be set
+        # A kernel read or set creation that fails, by what: reported when it starts failing
+        # (or fails otherwise), not at every sync; gone once it works again.
+        self.kernel_problems: dict[str, str] = {}
 
     # -- input -------------------------------------------------------------------------------
 
@@ -271,7 +277,7 @@ class Dataplane:
     def sync(self) -> SyncResult:
         """Apply what changed since the last sync, and retry the failed Services whose retry
         is due (a full reconcile the first time)."""
-        if self.observed is None:
+        if self.observed is None or self.observed.unread:
             return self.reconcile()
         start, writes = time.monotonic(), self.b.writes()
         changes, self.pending = self.pending, Changes()
@@ -304,7 +310,7 @@ class Dataplane:
         self._ensure_sysctls(result)
         self.failures.begin(everything=True)
         try:
-            self.observed = self._read_kernel()
+            self.observed = self._read_kernel(result)
         except Exception as exc:
             result.errors.append(f"reading the kernel: {exc}")
             result.failed = self.failures.end()
@@ -352,33 +358,83 @@ class Dataplane:
                 for entry in entries:
                     (have.add if entry in sets.get(name, ()) else have.discard)(entry)
 
-    def _read_kernel(self) -> _Observed:
-        """What the kernel holds, held as the desired objects where it is as desired."""
-        services = adopt_services(self.desired.virtual_servers, self.b.ipvs.each_service())
-        self._own(services)
-        bound = adopt_members(self.desired.bind_refs.keys(), self.b.addresses.bound())
-        watched = {
+    def _read_kernel(self, result: SyncResult) -> _Observed:
+        """What the kernel holds, held as the desired objects where it is as desired. A part
+        whose read fails is reported and left out (``unread``); the others are read."""
+        unread: set[str] = set()
+
+        def read(part: str, what: str, fn: Callable[[], _T], default: _T) -> _T:
+            if part in unread:
+                return default
+            try:
+                value = fn()
+            except Exception as exc:
+                unread.add(part)
+                self._problem(part, f"reading {what}: {type(exc).__name__}: {exc}", result)
+                return default
+            self._problem(part, None, result)
+            return value
+
+        want_vs, want_rs = self.desired.virtual_servers, self.desired.real_servers
+
+        def read_services() -> dict[ServiceKey, VirtualServer]:
+            services = adopt_services(want_vs, self.b.ipvs.each_service())
+            self._own(services)
+            return services
+
+        no_services: dict[ServiceKey, VirtualServer] = {}
+        services = read("ipvs", "IPVS", read_services, no_services)
+        no_addresses: set[str] = set()
+        bound = read(
+            "addresses",
+            "kube-ipvs0",
+            lambda: adopt_members(self.desired.bind_refs.keys(), self.b.addresses.bound()),
+            no_addresses,
+        )
+        watched = sorted(
             k
             for k in services
-            if k in self.desired.virtual_servers
-            or k in self.state.virtual_servers
-            or k.address in bound
-        }
-        desired = self.desired.real_servers
-        dests = {k: adopt_dests(desired.get(k, {}), self.b.ipvs.dests(k)) for k in sorted(watched)}
-        members = adopt_member_parts(self.desired.member_keys, self.b.ipsets.each_part())
-        self.b.ipsets.ensure(members)
-        for name in S.NAMES:
-            members.setdefault(name, set())
-        ipt = self.b.iptables.read()
-        text = self._rules_text()
-        # Our chains are as we last wrote them: same rendering, same kernel copy, jumps in place.
-        same_rules = (
-            not ipt.missing_jumps
-            and hashlib.sha256(text.encode()).hexdigest() == self.state.rules_digest
-            and ipt.fingerprint == self.state.iptables_fingerprint
+            if k in want_vs or k in self.state.virtual_servers or k.address in bound
         )
-        return _Observed(services, dests, bound, members, text if same_rules else None)
+        dests: dict[ServiceKey, Mapping[DestKey, Seen]] = read(
+            "ipvs",
+            "IPVS",
+            lambda: {k: adopt_dests(want_rs.get(k, {}), self.b.ipvs.dests(k)) for k in watched},
+            {},
+        )
+        members: dict[str, set[str]] = read(
+            "ipsets",
+            "ipsets",
+            lambda: adopt_member_parts(self.desired.member_keys, self.b.ipsets.each_part()),
+            {},
+        )
+        if "ipsets" not in unread:
+            self._ensure_sets(members, result)
+        rules_text = read("iptables", "iptables", lambda: self._same_rules(), None)
+        return _Observed(
+            services, dests, bound, members, rules_text, frozenset(unread) - {"iptables"}
+        )
+
+    def _ensure_sets(self, members: dict[str, set[str]], result: SyncResult) -> None:
+        """Create our sets that are missing, one at a time: one the kernel cannot create (a
+        set type it lacks) is reported and stays out of ``members``; its members then fail
+        the Services that want them."""
+        for name in sorted(S.NAMES - members.keys()):
+            try:
+                self.b.ipsets.ensure(members.keys(), [name])
+            except Exception as exc:
+                self._problem(name, f"creating ipset {name}: {exc}", result)
+                continue
+            self._problem(name, None, result)
+            members[name] = set()
+
+    def _problem(self, what: str, message: str | None, result: SyncResult) -> None:
+        """``what`` fails (``message``) or works (None); a new failure is reported once."""
+        if message is None:
+            self.kernel_problems.pop(what, None)
+        elif self.kernel_problems.get(what) != message:
+            self.kernel_problems[what] = message
+            result.errors.append(message)
 
     def _own(self, services: Collection[ServiceKey]) -> None:
         """Ours, of the kernel's virtual ``services``: those the state file names (keys
@@ -388,6 +444,18 @@ class Dataplane:
         ours, want = self.state.virtual_servers, self.desired.virtual_servers
         ours.intersection_update(services)
         ours.update(k for k in want if k in services and not self._excluded(k.address))
+
+    def _same_rules(self) -> str | None:
+        """The rendered rules if our chains are as we last wrote them (same rendering, same
+        kernel copy, jumps in place), else None: they are written at this sync."""
+        ipt = self.b.iptables.read()
+        text = self._rules_text()
+        same_rules = (
+            not ipt.missing_jumps
+            and hashlib.sha256(text.encode()).hexdigest() == self.state.rules_digest
+            and ipt.fingerprint == self.state.iptables_fingerprint
+        )
+        return text if same_rules else None
 
     def _rules_text(self) -> str:
         return rules.render(
@@ -400,17 +468,20 @@ class Dataplane:
         assert self.observed is not None
         # ``changes`` is this sync's own: each part goes once used (at a full sync's peak, the
         # first, every key and member of 10,000 Services was ~4 MiB).
-        steps: list[Callable[[], None]] = [
-            lambda: self._bind(changes.addresses),
-            lambda: self._services(changes.services),
-            changes.services.clear,
-            lambda: self._members(changes.members),
-            changes.members.clear,
-            lambda: self._unbind(changes.addresses),
-            lambda: self._drain(),
-            lambda: self._flush_udp(),
+        steps: list[tuple[str, Callable[[], None]]] = [
+            ("addresses", lambda: self._bind(changes.addresses)),
+            ("ipvs", lambda: self._services(changes.services)),
+            ("", changes.services.clear),
+            ("ipsets", lambda: self._members(changes.members)),
+            ("", changes.members.clear),
+            ("addresses", lambda: self._unbind(changes.addresses)),
+            ("ipvs", lambda: self._drain()),
+            ("", lambda: self._flush_udp()),
         ]
-        for step in steps:
+        unread = self.observed.unread
+        for part, step in steps:
+            if part in unread:
+                continue
             try:
                 step()
             except ApplyError as exc:  # each rejected operation failed its Service already
@@ -420,7 +491,7 @@ class Dataplane:
                 self.observed = None
         if self.observed is not None:
             try:
-                self._rules()
+                self._rules(result)
             except Exception as exc:
                 result.errors.append(f"iptables: {exc}")
                 result.complete = False
@@ -657,6 +728,15 @@ class Dataplane:
                 (target.add if op.kind is OpKind.ADD else target.discard)(op.entry)
 
         def apply(ops: list[MemberOp]) -> int:
+            name = ops[0].set_name
+            if name not in obs.members:
+                try:
+                    self.b.ipsets.ensure(obs.members.keys(), [name])
+                except Exception as exc:
+                    for op in ops:
+                        self._fail_member(op, f"ipset {name} cannot be created: {exc}")
+                    return 0
+                obs.members[name] = set()
             try:
                 _apply(self.b.ipsets.apply, ops, record)
             except ApplyError as exc:
@@ -672,14 +752,22 @@ class Dataplane:
         )
         _each((c for c in chunks if c), _isolating(apply, self._fail_member))
 
-    def _rules(self) -> None:
+    def _rules(self, result: SyncResult) -> None:
         obs = self.observed
         assert obs is not None
         text = self._rules_text()
         if text == obs.rules_text:
             return
         ipt = self.b.iptables
-        ipt.apply(text, ipt.read().missing_jumps)
+        try:
+            missing = ipt.read().missing_jumps
+        except Exception as exc:  # our chains are written all the same
+            self._problem("iptables", f"reading iptables: {type(exc).__name__}: {exc}", result)
+            ipt.apply(text, ipt.missing_jumps_checked())
+            obs.rules_text = text
+            self.state.iptables_fingerprint = ""  # the next full sync checks them again
+            return
+        ipt.apply(text, missing)
         obs.rules_text = text
         self.state.rules_digest = hashlib.sha256(text.encode()).hexdigest()
         self.state.iptables_fingerprint = ipt.read().fingerprint

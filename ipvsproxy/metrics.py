@@ -95,6 +95,11 @@ class Metrics:
             "Services with an operation that failed, each retried on its own backoff",
             registry=r,
         )
+        self.kernel_problems = Gauge(
+            "ipvsproxy_kernel_problems",
+            "Kernel settings that could not be set and kernel reads that fail now",
+            registry=r,
+        )
         self.draining = Gauge(
             "ipvsproxy_graceful_termination_real_servers",
             "Real servers at weight 0 waiting for their connections to end",

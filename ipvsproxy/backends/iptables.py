@@ -54,6 +54,20 @@ class IPTables:
         digest = hashlib.sha256("\n".join(sorted(ours)).encode()).hexdigest()
         return Observed(digest, tuple(missing))
 
+    def missing_jumps_checked(self) -> tuple[Jump, ...]:
+        """The jumps not in place, asked one at a time with ``iptables -C`` (as upstream's
+        EnsureRule): for when iptables-save fails. A jump to a chain not created yet is
+        missing too."""
+        missing = []
+        for jump in JUMPS:
+            check = [
+                "iptables", "-w", "5", "-t", jump.table, "-C", jump.chain,
+                "-m", "comment", "--comment", jump.comment, "-j", jump.target,
+            ]  # fmt: skip
+            if subprocess.run(check, capture_output=True).returncode != 0:
+                missing.append(jump)
+        return tuple(missing)
+
     def apply(self, text: str, missing_jumps: Sequence[Jump] = ()) -> None:
         """Rewrite our chains with ``text`` and insert the jumps that are missing."""
         payload = _with_jumps(text, missing_jumps)

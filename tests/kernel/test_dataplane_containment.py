@@ -147,3 +147,27 @@ def test_a_refused_service_is_retried_on_its_own_and_others_program_at_once(
         assert not result.full and result.failed == {} and ndp.dp.failed == {}
         assert netns.tcp_request(client.netns, "10.96.9.1", 80)["pod"] == lab_cluster.pods[0].name
         assert netns.tcp_request(client.netns, "10.96.9.2", 80)["pod"] == lab_cluster.pods[2].name
+
+
+def test_a_failing_iptables_save_does_not_stop_programming(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    """iptables-save fails (issue 13 A4): the first full sync still programs IPVS, binds the
+    address, fills the ipsets and writes the chains; pods and the node itself (masqueraded by
+    those chains) reach the Service."""
+    node = lab_cluster.node("node-1")
+    svc = service("web", "10.96.9.10")
+    sl = endpoint_slice("web", [endpoint(lab_cluster.pods[2].ip, "node-2")])
+    with node_dataplane(lab_cluster, node, tmp_path / "state.json") as ndp:
+        ndp.dp.b.iptables.save_cmd = "false"
+        result = ndp.run(lambda dp: (dp.update_service("default/web", svc, [sl]), dp.sync())[1])
+        assert result.full and result.complete
+        assert any("reading iptables" in e for e in result.errors), result.errors
+        assert "KUBE-SERVICES" in sh(lab_cluster, node.netns, "iptables -t nat -S")
+        want = lab_cluster.pods[2].name
+        assert netns.tcp_request(node.pods[1].netns, "10.96.9.10", 80)["pod"] == want
+        assert netns.tcp_request(node.netns, "10.96.9.10", 80)["pod"] == want
+        # iptables-save works again: the next full sync finds the jumps and writes nothing.
+        ndp.dp.b.iptables.save_cmd = "iptables-save"
+        again = ndp.run(lambda dp: dp.reconcile())
+        assert again.errors == []

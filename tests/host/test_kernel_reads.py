@@ -1,0 +1,129 @@
+"""One failing kernel read or one unwritable sysctl does not stop the rest of a full sync
+(issue 13 A4): iptables-save failing, an IPVS, address or ipset dump failing, an ipset type the
+kernel lacks. Over the host benchmark's stand-in backends (every write accepted)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import host
+from ipvsproxy import ipsets as S
+from ipvsproxy.backends.errors import ApplyError, Rejected
+from ipvsproxy.dataplane import Dataplane
+from tests.host.test_containment import Boom, _good, _good2, _programmed, _update
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[host.Host]:
+    h = host.new_host(tmp_path)
+    yield h
+    h.close()
+
+
+def _raise(*_args: Any) -> Any:
+    raise Boom("read failed")
+
+
+READS = {
+    "iptables": ("iptables", "read"),
+    "ipvs": ("ipvs", "each_service"),
+    "addresses": ("addresses", "bound"),
+    "ipsets": ("ipsets", "each_part"),
+}
+
+
+def _ipvs_programmed(dp: Dataplane, service: str) -> bool:
+    obs, plan = dp.observed, dp.desired.plans[service]
+    assert obs is not None
+    return all(obs.services.get(k) == vs for k, vs in plan.virtual_servers.items())
+
+
+@pytest.mark.parametrize("part", sorted(READS))
+def test_a_failing_read_of_one_backend_does_not_stop_the_others(h: host.Host, part: str) -> None:
+    dp = h.dp
+    backend, method = READS[part]
+    real = getattr(getattr(dp.b, backend), method)
+    setattr(getattr(dp.b, backend), method, _raise)
+    _update(dp, "good", _good())
+    _update(dp, "good2", _good2())
+    restores = dp.b.iptables.counters.ok.get("restore", 0)
+    result = dp.sync()
+    assert result.full and any("read failed" in e for e in result.errors), result.errors
+    obs = dp.observed
+    assert obs is not None
+    plan = dp.desired.plans["default/good2"]
+    if part != "addresses":
+        assert set(plan.bind) <= obs.bound
+    if part != "ipvs":
+        assert _ipvs_programmed(dp, "default/good") and _ipvs_programmed(dp, "default/good2")
+    if part != "ipsets":
+        for name, entries in plan.members.items():
+            assert set(entries) <= obs.members.get(name, set()), name
+    assert dp.b.iptables.counters.ok.get("restore", 0) == restores + 1  # the rules written
+    # The read works again: the next sync reconciles what was left.
+    setattr(getattr(dp.b, backend), method, real)
+    assert dp.sync().errors == []
+    _programmed(dp, "default/good")
+    _programmed(dp, "default/good2")
+
+
+def test_an_ipset_type_the_kernel_lacks_fails_only_the_services_using_it(h: host.Host) -> None:
+    dp = h.dp
+    ensure = dp.b.ipsets.ensure
+    missing = S.NODE_PORT_TCP
+
+    def no_such_type(existing: Any, names: Any = S.NAMES) -> int:
+        names = sorted(names)
+        if missing in names and missing not in existing:
+            raise ApplyError([Rejected(f"create ipset {missing}: no such set type", 4099)], 0)
+        return ensure(existing, names)
+
+    dp.b.ipsets.ensure = no_such_type  # type: ignore[method-assign]
+    parts = dp.b.ipsets.each_part
+    dp.b.ipsets.each_part = lambda: ((n, m) for n, m in parts() if n != missing)  # type: ignore[method-assign]
+    _update(dp, "good", _good())
+    _update(dp, "good2", _good2())  # a NodePort: a member of the missing set
+    result = dp.sync()
+    assert set(dp.failed) == {"default/good2"}, (result.errors, dp.failed)
+    _programmed(dp, "default/good")
+    assert _ipvs_programmed(dp, "default/good2")
+
+
+def test_an_unwritable_sysctl_is_reported_once_and_the_others_are_set(h: host.Host) -> None:
+    dp = h.dp
+    root = dp.b.sysctls.root
+    for name in ("net/ipv4/vs/conntrack", "net/ipv4/ip_forward"):
+        (root / name).write_text("0")
+    ensure = dp.b.sysctls.ensure
+
+    def read_only(values: Any) -> list[str]:
+        if "net/ipv4/vs/conntrack" in values:
+            raise PermissionError(13, "Permission denied")
+        return ensure(values)
+
+    dp.b.sysctls.ensure = read_only  # type: ignore[method-assign]
+    _update(dp, "good", _good())
+    result = dp.sync()
+    assert result.sysctls_set == ["net/ipv4/ip_forward"]
+    assert [e for e in result.errors if "sysctl" in e] == [
+        "cannot set sysctl net/ipv4/vs/conntrack=1: [Errno 13] Permission denied"
+    ]
+    assert list(dp.sysctl_failures) == ["net/ipv4/vs/conntrack"]
+    _programmed(dp, "default/good")
+    assert dp.reconcile().errors == []  # reported once
+
+
+def test_the_daemon_counts_kernel_problems_in_a_metric(h: host.Host) -> None:
+    from tests.host.test_containment import _proxy
+
+    proxy = _proxy(h.dp)
+    h.dp.b.iptables.read = _raise  # type: ignore[method-assign]
+    proxy.on_service("default/good", None, _good()[0])
+    result = proxy.apply_changes()
+    assert result.complete  # the rules were written all the same
+    value = proxy.metrics.registry.get_sample_value("ipvsproxy_kernel_problems")
+    assert value == 1.0
