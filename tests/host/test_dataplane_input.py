@@ -40,9 +40,11 @@ def test_an_invalid_update_keeps_the_last_good_plan_and_says_why(tmp_path: Path)
 def test_deleting_a_service_removes_its_plan(tmp_path: Path) -> None:
     dp = dataplane(tmp_path)
     dp.update_service("default/web", service("web", "10.96.0.10"), [])
+    dp.pending = Changes()  # as after a sync: the add is done
     dp.update_service("default/web", None, [])
     assert dp.desired.virtual_servers == {}
-    assert ServiceKey("10.96.0.10", Protocol.TCP, 80) in dp.pending.services
+    assert dp.pending.services == {ServiceKey("10.96.0.10", Protocol.TCP, 80)}
+    assert dp.pending.addresses == {"10.96.0.10"}
 
 
 def test_chunks_go_on_after_a_rejected_one_and_report_all_rejections() -> None:

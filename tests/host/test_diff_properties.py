@@ -8,13 +8,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipvsproxy.desired import DesiredState
+from ipvsproxy.desired import Changes, DesiredState
 from ipvsproxy.diff import (
     DestOp,
     OpKind,
@@ -29,6 +30,8 @@ from ipvsproxy.diff import (
     diff_services,
 )
 from ipvsproxy.model import (
+    SVC_F_HASHED,
+    SVC_F_PERSISTENT,
     DestKey,
     DestStats,
     ObservedDest,
@@ -43,14 +46,20 @@ from tests.host.k8s_objects import endpoint, endpoint_slice, service
 keys = st.builds(
     ServiceKey,
     st.sampled_from([f"10.96.0.{i}" for i in range(1, 6)]),
-    st.sampled_from([Protocol.TCP, Protocol.SCTP]),
+    st.sampled_from(list(Protocol)),
     st.sampled_from([80, 443]),
 )
-vservers = st.builds(
-    VirtualServer, keys, st.sampled_from(["rr", "lc"]), st.sampled_from([0, 1]), st.just(0)
-)
+SCHEDULERS = st.sampled_from(["rr", "lc", "mh"])
+FLAGS = st.sampled_from([0, SVC_F_PERSISTENT, 0x10, SVC_F_PERSISTENT | 0x10])
+TIMEOUTS = st.sampled_from([0, 60, 10800])  # persistence timeout
+NETMASKS = st.sampled_from([-1, 24, 32])  # persistence netmask: -1 and 32 are one for IPv4
+vservers = st.builds(VirtualServer, keys, SCHEDULERS, FLAGS, TIMEOUTS, NETMASKS)
 dkeys = st.builds(DestKey, st.sampled_from([f"10.244.1.{i}" for i in range(1, 6)]), st.just(8080))
 reals = st.builds(RealServer, dkeys, st.integers(0, 3))
+
+
+def vs_settings(vs: VirtualServer) -> tuple[str, int, int, int]:
+    return vs.scheduler, vs.flags & ~SVC_F_HASHED, vs.timeout, vs.prefix_len
 
 
 def apply_services(
@@ -69,13 +78,40 @@ def apply_services(
     return out
 
 
-@given(st.lists(vservers), st.lists(vservers))
-def test_service_diff_applied_to_a_yields_b(a: list[VirtualServer], b: list[VirtualServer]) -> None:
+@st.composite
+def before_after(draw: st.DrawFn) -> tuple[list[VirtualServer], list[VirtualServer]]:
+    """Virtual servers before, and after: some of them kept, some with one setting changed
+    (scheduler, flags, persistence timeout or netmask), some gone, some new."""
+    a = draw(st.lists(vservers))
+    b = draw(st.lists(vservers))
+    for vs in a:
+        change = draw(st.sampled_from(["keep", "drop", "scheduler", "flags", "timeout", "netmask"]))
+        if change == "keep":
+            b.append(vs)
+        elif change == "scheduler":
+            b.append(replace(vs, scheduler=draw(SCHEDULERS)))
+        elif change == "flags":
+            b.append(replace(vs, flags=draw(FLAGS)))
+        elif change == "timeout":
+            b.append(replace(vs, timeout=draw(TIMEOUTS)))
+        elif change == "netmask":
+            b.append(replace(vs, netmask=draw(NETMASKS)))
+    return a, b
+
+
+@given(before_after())
+def test_service_diff_applied_to_a_yields_b(
+    ab: tuple[list[VirtualServer], list[VirtualServer]],
+) -> None:
+    a, b = ab
     have = {v.key: v for v in a}
     want = {v.key: v for v in b}
     result = apply_services(have, diff_services(want, have, owned=lambda _k: True))
     assert set(result) == set(want)
-    assert all(want[k].same_settings(result[k]) for k in want)
+    # Every setting as desired (spelled out: same_settings is under test too).
+    assert {k: vs_settings(v) for k, v in result.items()} == {
+        k: vs_settings(v) for k, v in want.items()
+    }
     # And a second diff finds nothing to do.
     assert diff_services(want, result, owned=lambda _k: True) == []
 
@@ -103,30 +139,37 @@ def apply_dests(
     return out
 
 
-# Real servers as read back (with active connections) and as desired, for one virtual server.
-read_backs = st.lists(st.tuples(reals, st.integers(0, 2)))
+# Real servers as read back (with active and inactive connections) and as desired, for one
+# virtual server.
+ReadBack = tuple[RealServer, int, int]
+read_backs = st.lists(st.tuples(reals, st.integers(0, 2), st.integers(0, 2)))
 
 
 def dest_case(
-    a: list[tuple[RealServer, int]], b: list[RealServer], proto: Protocol
+    a: list[ReadBack], b: list[RealServer], proto: Protocol
 ) -> tuple[ServiceKey, dict[DestKey, ObservedDest], dict[DestKey, RealServer]]:
-    have = {rs.key: ObservedDest(rs, DestStats(active=conns)) for rs, conns in a}
+    have = {rs.key: ObservedDest(rs, DestStats(active=act, inactive=ina)) for rs, act, ina in a}
     return ServiceKey("10.96.0.1", proto, 80), have, {rs.key: rs for rs in b}
 
 
 @given(read_backs, st.lists(reals), st.sampled_from(list(Protocol)))
 def test_dest_diff_applied_to_a_yields_b_with_graceful_termination(
-    a: list[tuple[RealServer, int]], b: list[RealServer], proto: Protocol
+    a: list[ReadBack], b: list[RealServer], proto: Protocol
 ) -> None:
     svc, have, want = dest_case(a, b, proto)
     result = apply_dests(have, diff_dests(svc, want, have))
     for key, rs in want.items():
         assert result[key].server == rs
-    for key in set(result) - set(want):
-        # Only a draining TCP real server with connections stays, at weight 0: UDP and
-        # SCTP ones go at once (upstream's IsRsGracefulTerminationNeeded).
-        assert proto is Protocol.TCP
-        assert result[key].server.weight == 0 and not result[key].stats.idle
+    for key, seen in have.items():
+        if key in want:
+            continue
+        busy = seen.stats.active > 0 or seen.stats.inactive > 0  # (not .idle: under test)
+        if proto is Protocol.TCP and busy:
+            # Busy (active or inactive connections), TCP: kept, drained at weight 0. UDP and
+            # SCTP ones go at once (upstream's IsRsGracefulTerminationNeeded).
+            assert result[key].server.weight == 0 and result[key].stats == seen.stats
+        else:
+            assert key not in result
     # Once the grace period expires, everything unwanted goes.
     final = apply_dests(result, diff_dests(svc, want, result, expired=set(result)))
     assert set(final) == set(want)
@@ -134,7 +177,7 @@ def test_dest_diff_applied_to_a_yields_b_with_graceful_termination(
 
 @given(read_backs, st.lists(reals), st.sampled_from(list(Protocol)))
 def test_adopting_a_read_back_changes_no_decision(
-    a: list[tuple[RealServer, int]], b: list[RealServer], proto: Protocol
+    a: list[ReadBack], b: list[RealServer], proto: Protocol
 ) -> None:
     """A full sync holds real servers already as desired as the desired objects (no copy);
     the operations it derives are the same as from the kernel's own copies."""
@@ -210,7 +253,7 @@ ips = st.sampled_from([f"10.244.{n}.{i}" for n in (1, 2) for i in range(1, 5)])
 
 @st.composite
 def clusters(draw: st.DrawFn) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
-    """Up to 6 Services, each with a type, policy and some endpoints."""
+    """Up to 6 Services, each with a type, policy, protocol, affinity and some endpoints."""
     out = {}
     for i in draw(st.sets(st.integers(1, 6))):
         name = f"svc-{i}"
@@ -218,7 +261,12 @@ def clusters(draw: st.DrawFn) -> dict[str, tuple[dict[str, Any], dict[str, Any]]
         extra: dict[str, Any] = {}
         if stype != "ClusterIP":
             extra["externalTrafficPolicy"] = draw(st.sampled_from(["Cluster", "Local"]))
-        port = {"name": "http", "port": 80, "protocol": "TCP"}
+        timeout = draw(st.sampled_from([None, 60, 10800]))
+        if timeout:
+            extra["sessionAffinity"] = "ClientIP"
+            extra["sessionAffinityConfig"] = {"clientIP": {"timeoutSeconds": timeout}}
+        protocol = draw(st.sampled_from(["TCP", "UDP"]))
+        port = {"name": "http", "port": 80, "protocol": protocol}
         if stype != "ClusterIP":
             port["nodePort"] = 30000 + i
         status = (
@@ -231,7 +279,8 @@ def clusters(draw: st.DrawFn) -> dict[str, tuple[dict[str, Any], dict[str, Any]]
             endpoint(ip, node="node-1" if ip.startswith("10.244.1.") else "node-2")
             for ip in draw(st.sets(ips, max_size=4))
         ]
-        out[name] = (svc, endpoint_slice(name, eps))
+        sl_ports = [{"name": "http", "port": 8080, "protocol": protocol}]
+        out[name] = (svc, endpoint_slice(name, eps, ports=sl_ports))
     return out
 
 
@@ -259,11 +308,25 @@ def test_incremental_updates_equal_a_fresh_build(
     b: dict[str, tuple[dict[str, Any], dict[str, Any]]],
 ) -> None:
     state = build(a)
+    vs_before, rs_before, bind_before, members_before, _ = snapshot(state)
+    changes = Changes()
     for name in sorted(set(a) | set(b)):
         svc, sl = b.get(name, (None, None))
         plan = plan_service(svc, [sl] if sl else [], NODE, PlanConfig())
-        state.update(f"default/{name}", plan)
+        changes.merge(state.update(f"default/{name}", plan))
     assert snapshot(state) == snapshot(build(b))
+    # Every key whose desired value differs now was reported as changed (a sync compares and
+    # writes only those).
+    vs_after, rs_after, bind_after, members_after, _ = snapshot(state)
+    assert {
+        k
+        for k in vs_before.keys() | vs_after.keys()
+        if vs_before.get(k) != vs_after.get(k) or rs_before.get(k) != rs_after.get(k)
+    } <= changes.services
+    assert bind_before.keys() ^ bind_after.keys() <= changes.addresses
+    for name in members_before.keys() | members_after.keys():
+        was, now = members_before.get(name, {}), members_after.get(name, {})
+        assert was.keys() ^ now.keys() <= changes.members.get(name, set())
 
 
 @settings(max_examples=60)
@@ -279,8 +342,8 @@ def test_an_unchanged_service_yields_no_changes(
 @pytest.mark.parametrize("proto", [Protocol.UDP, Protocol.SCTP])
 def test_busy_udp_and_sctp_real_servers_go_at_once(proto: Protocol) -> None:
     busy = RealServer(DestKey("10.244.1.11", 8080))
-    svc, have, want = dest_case([(busy, 2)], [], proto)
+    svc, have, want = dest_case([(busy, 2, 0)], [], proto)
     assert diff_dests(svc, want, have) == [DestOp(OpKind.DELETE, svc, busy)]
-    svc, have, want = dest_case([(busy, 2)], [], Protocol.TCP)
+    svc, have, want = dest_case([(busy, 2, 0)], [], Protocol.TCP)
     drained = RealServer(busy.key, weight=0, fwd_method=busy.fwd_method)
     assert diff_dests(svc, want, have) == [DestOp(OpKind.SET, svc, drained)]
