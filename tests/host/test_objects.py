@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from ipvsproxy.model import Protocol
-from ipvsproxy.objects import Endpoint, slice_endpoints
-from tests.host.k8s_objects import endpoint, endpoint_slice
+from ipvsproxy.objects import Endpoint, InvalidObject, ServicePort, service_ports, slice_endpoints
+from tests.host.k8s_objects import endpoint, endpoint_slice, service
 
 
 def endpoints(*slices: dict[str, Any]) -> list[Endpoint]:
@@ -43,3 +45,59 @@ def test_only_the_first_address_of_an_endpoint_is_used() -> None:
     # The API allows up to 100 addresses per endpoint; consumers use the first (upstream too).
     ep = {**endpoint("10.244.1.11"), "addresses": ["10.244.1.11", "10.244.1.99"]}
     assert [e.address for e in endpoints(endpoint_slice("web", [ep]))] == ["10.244.1.11"]
+
+
+def ports(svc: dict[str, Any]) -> list[ServicePort]:
+    return service_ports(svc)
+
+
+def test_port_numbers_from_1_to_65535_only() -> None:
+    for number in (1, 65535):
+        (p,) = ports(service("web", "10.96.0.10", ports=[{"port": number}]))
+        assert p.port == number and p.protocol is Protocol.TCP and p.name == ""
+    for number in (0, 65536):
+        with pytest.raises(InvalidObject, match=f"default/web: port {number} out of range"):
+            ports(service("web", "10.96.0.10", ports=[{"port": number}]))
+    with pytest.raises(InvalidObject, match="default/web: protocol 'ICMP'"):
+        ports(service("web", "10.96.0.10", ports=[{"port": 80, "protocol": "ICMP"}]))
+
+
+def test_defaults_of_an_unset_field() -> None:
+    # No type: ClusterIP (a nodePort left in the port is not served); no affinity; no
+    # health-check node port; an unnamed port matches the slice's unnamed port.
+    svc = service("web", "10.96.0.10", ports=[{"port": 80, "nodePort": 30080}])
+    del svc["spec"]["type"]
+    (p,) = ports(svc)
+    assert (p.type, p.node_port, p.affinity_timeout, p.health_check_node_port) == (
+        "ClusterIP",
+        0,
+        0,
+        0,
+    )
+    sl = endpoint_slice("web", [endpoint("10.244.1.11")], ports=[{"port": 8080}])
+    assert [e.address for e in slice_endpoints([sl], p.name, p.protocol)] == ["10.244.1.11"]
+
+
+def test_which_services_take_external_traffic_policy_local() -> None:
+    def local(stype: str, **spec: Any) -> bool:
+        svc = service("web", "10.96.0.10", type=stype, externalTrafficPolicy="Local", **spec)
+        return ports(svc)[0].external_local
+
+    assert local("NodePort") and local("LoadBalancer")
+    assert local("ClusterIP", externalIPs=["198.51.100.7"])
+    assert not local("ClusterIP")
+
+
+def test_load_balancer_ingress_ip_modes() -> None:
+    ingress = [
+        {"ip": "203.0.113.1", "ipMode": "VIP"},
+        {"ip": "203.0.113.2"},
+        {"ip": "203.0.113.3", "ipMode": "Proxy"},
+    ]
+    lb = service(
+        "lb", "10.96.0.10", type="LoadBalancer", status={"loadBalancer": {"ingress": ingress}}
+    )
+    assert ports(lb)[0].lb_vips == ("203.0.113.1", "203.0.113.2")
+    # Only a LoadBalancer Service's status counts.
+    np = service("np", "10.96.0.11", type="NodePort", status={"loadBalancer": {"ingress": ingress}})
+    assert ports(np)[0].lb_vips == ()
