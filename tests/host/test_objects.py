@@ -101,3 +101,34 @@ def test_load_balancer_ingress_ip_modes() -> None:
     # Only a LoadBalancer Service's status counts.
     np = service("np", "10.96.0.11", type="NodePort", status={"loadBalancer": {"ingress": ingress}})
     assert ports(np)[0].lb_vips == ()
+
+
+def test_only_ipv4_slices_are_read_and_every_one_of_them() -> None:
+    v6 = {
+        **endpoint_slice("web", [endpoint("fd00::11")], name="web-v6"),
+        "addressType": "IPv6",
+    }
+    fqdn = {**endpoint_slice("web", [endpoint("10.244.1.99")], name="web-f"), "addressType": "FQDN"}
+    other_port = endpoint_slice(
+        "web", [endpoint("10.244.1.98")], ports=[{"name": "metrics", "port": 9090}], name="web-m"
+    )
+    v4 = endpoint_slice("web", [endpoint("10.244.1.11")], name="web-v4")
+    assert [e.address for e in endpoints(v6, fqdn, other_port, v4)] == ["10.244.1.11"]
+
+
+def test_an_endpoint_names_its_pod() -> None:
+    def pod(ref: dict[str, Any] | None) -> str | None:
+        ep = {**endpoint("10.244.1.11"), **({"targetRef": ref} if ref is not None else {})}
+        sl = endpoint_slice("web", [ep], namespace="shop")
+        (e,) = endpoints(sl)
+        return e.pod
+
+    assert pod({"kind": "Pod", "name": "web-1", "namespace": "shop"}) == "shop/web-1"
+    assert pod({"name": "web-1"}) == "shop/web-1"  # kind and namespace as the slice's
+    assert pod({"kind": "Node", "name": "node-1"}) is None
+    assert pod({"kind": "Pod"}) is None
+    assert pod(None) is None
+    bare = endpoint_slice("web", [{**endpoint("10.244.1.11"), "targetRef": {"name": "p"}}])
+    del bare["metadata"]["namespace"]
+    (e,) = endpoints(bare)
+    assert e.pod == "default/p"

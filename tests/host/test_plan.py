@@ -349,3 +349,53 @@ def test_no_local_endpoints_counts_each_port_with_endpoints_but_none_here() -> N
         ).no_local_endpoints
         == 0
     )
+
+
+def test_external_ips_with_external_traffic_policy_local() -> None:
+    svc = service("e", "10.96.0.80", externalIPs=["198.51.100.8"], externalTrafficPolicy="Local")
+    p = plan(svc, endpoint_slice("e", [endpoint("10.244.1.11"), endpoint("10.244.2.11", "node-2")]))
+    assert p.members[S.EXTERNAL_IP_LOCAL] == {"198.51.100.8,tcp:80"}
+    assert S.EXTERNAL_IP not in p.members
+    assert dests(p, "198.51.100.8", 80) == ["10.244.1.11:8080"]
+
+
+def test_a_health_check_node_port_only_for_a_load_balancer_with_local_policy() -> None:
+    def hc(stype: str, policy: str) -> frozenset[str] | None:
+        svc = service(
+            "h",
+            "10.96.0.81",
+            type=stype,
+            ports=[{"name": "http", "port": 80, "nodePort": 30081, "protocol": "TCP"}],
+            externalTrafficPolicy=policy,
+            healthCheckNodePort=32001,
+        )
+        return plan(svc).members.get(S.HEALTH_CHECK_NODE_PORT)
+
+    assert hc("LoadBalancer", "Local") == frozenset({"32001"})
+    assert hc("LoadBalancer", "Cluster") is None
+    assert hc("NodePort", "Local") is None
+
+
+def test_the_plan_names_each_virtual_server_and_endpoint() -> None:
+    svc = service(
+        "web",
+        "10.96.0.82",
+        type="LoadBalancer",
+        ports=[{"name": "http", "port": 80, "nodePort": 30082, "protocol": "TCP"}],
+        externalIPs=["198.51.100.9"],
+        status={"loadBalancer": {"ingress": [{"ip": "203.0.113.82"}]}},
+    )
+    a = {**endpoint("10.244.1.11"), "targetRef": {"kind": "Pod", "name": "web-a"}}
+    b = {**endpoint("10.244.2.11", "node-2"), "targetRef": {"kind": "Pod", "name": "web-b"}}
+    ident = plan(svc, endpoint_slice("web", [a, b])).identity
+    roles = {k.address: (i.service, i.port_name, i.role) for k, i in ident.virtual_servers.items()}
+    assert roles == {
+        "10.96.0.82": ("default/web", "http", "ClusterIP"),
+        "198.51.100.9": ("default/web", "http", "ExternalIP"),
+        "203.0.113.82": ("default/web", "http", "LoadBalancer"),
+        "192.168.56.11": ("default/web", "http", "NodePort"),
+    }
+    assert {a: (e.pod, e.node) for a, e in ident.endpoints.items()} == {
+        "10.244.1.11": ("default/web-a", "node-1"),
+        "10.244.2.11": ("default/web-b", "node-2"),
+    }
