@@ -7,8 +7,12 @@
 
 Nodes route each other's pod CIDRs through the underlay (host-gw, as flannel's host-gw backend
 does), have ip_forward and bridge-nf-call-iptables on, and pods default-route through their
-node's cni0. Each namespace gets its commands in one ``ip -batch`` process: forks are the
-expensive thing in this kernel.
+node's cni0. As on real nodes (Docker and many distributions set it), a node's filter FORWARD
+policy is DROP: the lab's "CNI" admits the connections that pods open or that are addressed to
+pods (``FORWARD_RULES``); everything else a node forwards, such as the replies to a client
+outside the pod network whose connection a Service's virtual server took to a pod unmasqueraded,
+passes only by kube-proxy's own KUBE-FORWARD rules. Each namespace gets its commands in one
+``ip -batch`` process: forks are the expensive thing in this kernel.
 """
 
 from __future__ import annotations
@@ -28,6 +32,20 @@ ROOT_IP = ipaddress.IPv4Address("192.168.56.1")
 EXTERNAL_IP = ipaddress.IPv4Address("192.168.56.100")
 POD_SUPERNET = ipaddress.IPv4Network("10.244.0.0/16")
 MAX_NODES = 80
+# The filter table of every node: policy DROP, and what a CNI admits (by the connection's
+# original direction, so both directions of it: replies too).
+FORWARD_RULES = "\n".join(
+    [
+        "*filter",
+        ":FORWARD DROP [0:0]",
+        '-A FORWARD -m comment --comment "lab CNI: connections to pods" '
+        f"-m conntrack --ctorigdst {POD_SUPERNET} -j ACCEPT",
+        '-A FORWARD -m comment --comment "lab CNI: connections from pods" '
+        f"-m conntrack --ctorigsrc {POD_SUPERNET} -j ACCEPT",
+        "COMMIT",
+        "",
+    ]
+)
 MAX_PODS = 200
 
 
@@ -207,6 +225,10 @@ def _create_node(cluster: Cluster, node: Node) -> None:
     _batch(node.netns, cmds)
     for key in ("net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables"):
         netns.write_sysctl(node.netns, key, "1")
+    restore = ["ip", "netns", "exec", node.netns, "iptables-restore", "--noflush"]
+    proc = subprocess.run(restore, input=FORWARD_RULES, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise TopologyError(f"FORWARD rules in {node.netns}: {proc.stderr.strip()}")
     for pod in node.pods:
         _batch(
             pod.netns,

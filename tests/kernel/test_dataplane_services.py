@@ -189,6 +189,17 @@ class OpenSession:
     staying: Pod
 
 
+def weights(table: str) -> dict[str, int]:
+    """Each real server's weight from ``ipvsadm -Ln`` (``-> ADDRESS:PORT FORWARD WEIGHT
+    ACTIVECONN INACTCONN``)."""
+    out = {}
+    for line in table.splitlines():
+        fields = line.split()
+        if fields[:1] == ["->"] and fields[1][0].isdigit():
+            out[fields[1]] = int(fields[3])
+    return out
+
+
 @contextmanager
 def open_session(
     lab_cluster: Cluster, tmp_path: Path, name: str, vip: str
@@ -219,10 +230,11 @@ def test_graceful_termination_keeps_established_connections(
         assert o.session.ask()["pod"] == o.leaving.name
         fresh = {netns.tcp_request(o.client.netns, "10.96.1.9", 80)["pod"] for _ in range(4)}
         assert fresh == {o.staying.name}
+        assert weights(table) == {f"{o.leaving.ip}:8080": 0, f"{o.staying.ip}:8080": 1}
         # The endpoint comes back: restored to weight 1.
         program(o.ndp, (o.svc, [o.both]))
         table = sh(lab_cluster, n1.netns, "ipvsadm -Ln -t 10.96.1.9:80")
-        assert all(" 1 " in line for line in table.splitlines() if ":8080" in line)
+        assert weights(table) == {f"{o.leaving.ip}:8080": 1, f"{o.staying.ip}:8080": 1}, table
         program(o.ndp, (o.svc, [o.only]))
         o.session.close()
         # Past the grace period the draining real server is deleted even with connections

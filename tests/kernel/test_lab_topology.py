@@ -56,6 +56,13 @@ def test_node_sysctls(lab_cluster: Cluster) -> None:
         assert netns.read_sysctl(node.netns, "net.bridge.bridge-nf-call-iptables") == "1"
 
 
+def test_nodes_forward_with_policy_drop_and_admit_pod_connections(lab_cluster: Cluster) -> None:
+    for node in lab_cluster.nodes:
+        rules = lab_cluster.exec(node.netns, "iptables", "-S", "FORWARD").stdout.splitlines()
+        assert rules[0] == "-P FORWARD DROP"
+        assert [r for r in rules if "--ctorigdst 10.244.0.0/16" in r or "--ctorigsrc" in r]
+
+
 def _ipvs_table(cluster: Cluster, ns: str) -> str:
     return cluster.exec(ns, "ipvsadm", "-Ln").stdout
 
@@ -97,6 +104,10 @@ def test_traffic_through_ipvs_by_hand(lab_cluster: Cluster) -> None:
     client = node.pods[1]
     vip = "10.96.9.9"
     ns = node.netns
+    # As ipvsproxy (and upstream) set it: IPVS connections are tracked, so the forwarded
+    # replies belong to the pod's connection that the node's FORWARD rules admit.
+    tracked = netns.read_sysctl(ns, "net.ipv4.vs.conntrack")
+    netns.write_sysctl(ns, "net.ipv4.vs.conntrack", "1")
     lab_cluster.exec(ns, "ip", "link", "add", "kube-ipvs0", "type", "dummy")
     try:
         lab_cluster.exec(ns, "ip", "addr", "add", f"{vip}/32", "dev", "kube-ipvs0")
@@ -108,6 +119,7 @@ def test_traffic_through_ipvs_by_hand(lab_cluster: Cluster) -> None:
     finally:
         lab_cluster.exec(ns, "ipvsadm", "-D", "-t", f"{vip}:80", check=False)
         lab_cluster.exec(ns, "ip", "link", "del", "kube-ipvs0", check=False)
+        netns.write_sysctl(ns, "net.ipv4.vs.conntrack", tracked)
 
 
 def test_iptables_is_the_legacy_backend() -> None:
