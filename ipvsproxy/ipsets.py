@@ -32,6 +32,10 @@ NODE_PORT_LOCAL_UDP = "KUBE-NODE-PORT-LOCAL-UDP"
 NODE_PORT_SCTP = "KUBE-NODE-PORT-SCTP-HASH"
 NODE_PORT_LOCAL_SCTP = "KUBE-NODE-PORT-LOCAL-SCTP-HASH"
 HEALTH_CHECK_NODE_PORT = "KUBE-HEALTH-CHECK-NODE-PORT"
+# Not upstream's (its iptables and nftables modes use per-Service chains for this): external
+# destinations of externalTrafficPolicy Local Services with no endpoint on this node, reached
+# by pods and the node itself through the cluster's endpoints.
+NO_LOCAL_ENDPOINTS = "KUBE-NO-LOCAL-ENDPOINTS"
 IPVS_IPS = "KUBE-IPVS-IPS"
 
 _IP_PORT = "hash:ip,port"
@@ -98,6 +102,12 @@ SPECS: tuple[IPSetSpec, ...] = (
         "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type 'hash ip:port'",
     ),
     IPSetSpec(HEALTH_CHECK_NODE_PORT, _BITMAP, "Kubernetes health check node port"),
+    IPSetSpec(
+        NO_LOCAL_ENDPOINTS,
+        _IP_PORT,
+        "Kubernetes service external ip + port with externalTrafficPolicy=local and no local "
+        "endpoint, for local traffic",
+    ),
     IPSetSpec(IPVS_IPS, "hash:ip", "Addresses on the ipvs interface"),
 )
 

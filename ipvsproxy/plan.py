@@ -4,7 +4,8 @@ dataplane out. Pure, and per Service, so a change costs time in proportion to th
 Semantics follow upstream kube-proxy's IPVS proxier; where IPVS mode's behaviour is a known
 bug that the nftables mode fixed, the nftables behaviour is kept (externalTrafficPolicy Local
 with no local endpoint: external traffic is not forwarded, rather than forwarded without SNAT
-to remote endpoints whose replies are lost).
+to remote endpoints whose replies are lost; pods and the node itself still reach the Service
+through the cluster's endpoints, masqueraded).
 """
 
 from __future__ import annotations
@@ -164,6 +165,13 @@ def _plan_port(
     external = local if sp.external_local else cluster
     if (sp.internal_local or sp.external_local) and not local and cluster:
         b.no_local += 1
+    # externalTrafficPolicy Local and no local endpoint: external clients are not forwarded
+    # (the filter drops them: KUBE-NO-LOCAL-ENDPOINTS), but pods and the node itself reach the
+    # external destinations through the cluster's endpoints, masqueraded (upstream's "pod
+    # traffic for external destinations" and "short-circuit local traffic").
+    short = sp.external_local and not local and bool(cluster)
+    if short:
+        external = cluster
     eps = b.eps
     for e in endpoints:
         known = eps.get(e.address)
@@ -179,13 +187,19 @@ def _plan_port(
         b.add_vs(_virtual_server(sp, ip, sp.port, cfg), external, sp, I.ROLE_EXTERNAL_IP)
         if ip not in node.local_addresses:
             b.bind.add(ip)
-        b.member(
-            S.EXTERNAL_IP_LOCAL if sp.external_local else S.EXTERNAL_IP, f"{ip},{proto}:{sp.port}"
-        )
+        entry = f"{ip},{proto}:{sp.port}"
+        b.member(S.EXTERNAL_IP_LOCAL if sp.external_local else S.EXTERNAL_IP, entry)
+        if short:
+            b.member(S.NO_LOCAL_ENDPOINTS, entry)
     for ip in sp.lb_vips:
         _plan_lb_vip(b, sp, ip, external, node, cfg)
+        if short:
+            b.member(S.NO_LOCAL_ENDPOINTS, f"{ip},{proto}:{sp.port}")
     if sp.node_port:
         _plan_node_port(b, sp, external, node, cfg)
+        if short:
+            for ip in node.node_ips:
+                b.member(S.NO_LOCAL_ENDPOINTS, f"{ip},{proto}:{sp.node_port}")
     if sp.type == "LoadBalancer" and sp.external_local and sp.health_check_node_port:
         b.member(S.HEALTH_CHECK_NODE_PORT, str(sp.health_check_node_port))
 

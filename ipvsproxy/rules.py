@@ -87,6 +87,11 @@ class RulesConfig:
             return f"! -i {value}+"
         raise ValueError(f"detectLocalMode {mode!r} is not supported")
 
+    def if_local(self) -> str | None:
+        """The match for traffic that comes from a local pod (None: undetectable)."""
+        match = self.if_not_local()
+        return match.removeprefix("! ") if match else None
+
 
 def _c(name: str) -> str:
     return f'-m comment --comment "{S.BY_NAME[name].comment}"'
@@ -134,6 +139,17 @@ def _nat(cfg: RulesConfig, sets: frozenset[str]) -> list[str]:
             r.append(f"{head} dst,dst {not_local} -j KUBE-MARK-MASQ")
         else:
             r.append(f"{head} src,dst -j KUBE-MARK-MASQ")
+    if S.NO_LOCAL_ENDPOINTS in sets:
+        # Pods and the node reach these through the cluster's endpoints, masqueraded (before
+        # the external IPs' ACCEPT rules end the chain for them).
+        head = (
+            f"-A KUBE-SERVICES {_c(S.NO_LOCAL_ENDPOINTS)} -m set --match-set "
+            f"{S.NO_LOCAL_ENDPOINTS} dst,dst"
+        )
+        if_local = cfg.if_local()
+        if if_local:
+            r.append(f"{head} {if_local} -j KUBE-MARK-MASQ")
+        r.append(f"{head} -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ")
     for name, masq in ((S.EXTERNAL_IP, True), (S.EXTERNAL_IP_LOCAL, False)):
         if name not in sets:
             continue
@@ -174,6 +190,15 @@ def _filter(cfg: RulesConfig, sets: frozenset[str], out_filters: Iterable[OutFil
                 "dst,dst,src -j RETURN"
             )
     r.append("-A KUBE-SOURCE-RANGES-FIREWALL -j DROP")
+    if S.NO_LOCAL_ENDPOINTS in sets:
+        # New connections from outside (not a pod, not the node) are not forwarded.
+        not_local = cfg.if_not_local()
+        r.append(
+            f"-A KUBE-PROXY-FIREWALL {_c(S.NO_LOCAL_ENDPOINTS)} -m set --match-set "
+            f"{S.NO_LOCAL_ENDPOINTS} dst,dst -m conntrack --ctstate NEW"
+            + (f" {not_local}" if not_local else "")
+            + " -m addrtype ! --src-type LOCAL -j DROP"
+        )
     for f in out_filters:
         r.append(
             f"-A KUBE-IPVS-OUT-FILTER -s {f.address} -m ipvs --vaddr {f.address} "

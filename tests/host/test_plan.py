@@ -157,12 +157,19 @@ def test_external_traffic_policy_local() -> None:
     assert p.members[S.LOAD_BALANCER_LOCAL] == {"203.0.113.10,tcp:80"}
     assert p.members[S.HEALTH_CHECK_NODE_PORT] == {"32000"}
     assert p.no_local_endpoints == 0
-    # No local endpoint: external traffic is not forwarded (nftables-mode semantics).
+    assert S.NO_LOCAL_ENDPOINTS not in p.members
+    # No local endpoint: external clients are not forwarded (nftables-mode semantics: the
+    # filter drops their new connections to KUBE-NO-LOCAL-ENDPOINTS), while pods and the node
+    # reach the cluster's endpoints through the same virtual servers (issue 13 B9).
     p = plan(svc, endpoint_slice("lb", [remote]))
-    assert dests(p, "192.168.56.11", 30090) == []
-    assert dests(p, "203.0.113.10", 80) == []
+    assert dests(p, "192.168.56.11", 30090) == ["10.244.2.11:8080"]
+    assert dests(p, "203.0.113.10", 80) == ["10.244.2.11:8080"]
+    assert p.members[S.NO_LOCAL_ENDPOINTS] == {"192.168.56.11,tcp:30090", "203.0.113.10,tcp:80"}
     assert dests(p, "10.96.0.30", 80) == ["10.244.2.11:8080"]
     assert p.no_local_endpoints == 1
+    # No endpoint anywhere: nothing to short-circuit to.
+    p = plan(svc, endpoint_slice("lb", []))
+    assert dests(p, "203.0.113.10", 80) == [] and S.NO_LOCAL_ENDPOINTS not in p.members
 
 
 def test_internal_traffic_policy_local() -> None:

@@ -13,7 +13,7 @@ from lab import netns
 from lab.topology import Cluster
 from tests.host.k8s_objects import endpoint, endpoint_slice, service
 from tests.kernel.dataplane_helpers import NodeDataplane, node_dataplane, sh
-from tests.kernel.test_dataplane_services import np_service, routes_to_node1
+from tests.kernel.test_dataplane_services import client_ip, np_service, routes_to_node1
 
 pytestmark = pytest.mark.kernel
 __all__ = ["routes_to_node1"]  # a fixture, used by name
@@ -140,3 +140,42 @@ def test_the_service_that_had_an_address_first_keeps_it(
             assert "default/thief" not in ndp.dp.errors
             full = ndp.run(lambda dp: dp.reconcile())
             assert (full.errors, full.writes) == ([], 0)
+
+
+def test_local_policy_without_a_local_endpoint_serves_pods_and_the_node(
+    lab_cluster: Cluster, tmp_path: Path, routes_to_node1: None
+) -> None:
+    """externalTrafficPolicy Local and no endpoint on this node: pods and the node itself reach
+    the NodePort, the load-balancer IP and the external IP through the cluster's endpoints,
+    masqueraded (upstream's short-circuit); external clients are still not forwarded."""
+    n1 = lab_cluster.node("node-1")
+    remote = lab_cluster.node("node-2").pods[0]
+    svc = np_service(
+        "nolocal",
+        "10.96.2.5",
+        30093,
+        type="LoadBalancer",
+        externalTrafficPolicy="Local",
+        externalIPs=["198.51.100.9"],
+        status={"loadBalancer": {"ingress": [{"ip": "203.0.113.21"}]}},
+    )
+    sl = endpoint_slice("nolocal", [endpoint(remote.ip, remote.node)])
+    targets = [(n1.ip, 30093), ("203.0.113.21", 80), ("198.51.100.9", 80)]
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        assert apply(ndp, ("default/nolocal", svc, [sl])).errors == []
+        for host, port in targets:
+            a = netns.tcp_request(n1.pods[1].netns, host, port, timeout=3)
+            assert (a["pod"], client_ip(a)) == (remote.name, n1.ip), (host, port)
+            a = netns.tcp_request(n1.netns, host, port, timeout=3)
+            assert (a["pod"], client_ip(a)) == (remote.name, n1.ip), (host, port)
+            with pytest.raises(OSError):
+                netns.tcp_request("external", host, port, timeout=2)
+        # A local endpoint appears: external clients reach it, unmasqueraded.
+        local = n1.pods[0]
+        both = endpoint_slice(
+            "nolocal", [endpoint(remote.ip, remote.node), endpoint(local.ip, local.node)]
+        )
+        assert apply(ndp, ("default/nolocal", svc, [both])).errors == []
+        for host, port in targets:
+            a = netns.tcp_request("external", host, port, timeout=3)
+            assert (a["pod"], client_ip(a)) == (local.name, lab_cluster.external.ip)
