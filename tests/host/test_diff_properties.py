@@ -253,7 +253,9 @@ ips = st.sampled_from([f"10.244.{n}.{i}" for n in (1, 2) for i in range(1, 5)])
 
 @st.composite
 def clusters(draw: st.DrawFn) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
-    """Up to 6 Services, each with a type, policy, protocol, affinity and some endpoints."""
+    """Up to 6 Services, each with a type, policy, protocol, affinity and some endpoints;
+    some share an external IP, or claim another one's cluster IP as theirs: two Services on
+    one virtual server."""
     out = {}
     for i in draw(st.sets(st.integers(1, 6))):
         name = f"svc-{i}"
@@ -265,6 +267,9 @@ def clusters(draw: st.DrawFn) -> dict[str, tuple[dict[str, Any], dict[str, Any]]
         if timeout:
             extra["sessionAffinity"] = "ClientIP"
             extra["sessionAffinityConfig"] = {"clientIP": {"timeoutSeconds": timeout}}
+        shared = draw(st.sampled_from([None, "198.51.100.1", "10.96.0.1", "10.96.0.2"]))
+        if shared and shared != f"10.96.0.{i}":
+            extra["externalIPs"] = [shared]
         protocol = draw(st.sampled_from(["TCP", "UDP"]))
         port = {"name": "http", "port": 80, "protocol": protocol}
         if stype != "ClusterIP":
@@ -279,6 +284,9 @@ def clusters(draw: st.DrawFn) -> dict[str, tuple[dict[str, Any], dict[str, Any]]
             endpoint(ip, node="node-1" if ip.startswith("10.244.1.") else "node-2")
             for ip in draw(st.sets(ips, max_size=4))
         ]
+        created = draw(st.sampled_from([None, "2026-01-01T00:00:00Z", "2026-02-01T00:00:00Z"]))
+        if created:
+            svc["metadata"]["creationTimestamp"] = created
         sl_ports = [{"name": "http", "port": 8080, "protocol": protocol}]
         out[name] = (svc, endpoint_slice(name, eps, ports=sl_ports))
     return out
