@@ -47,10 +47,14 @@ CASES: dict[str, tuple[RulesConfig, frozenset[str], list[OutFilter]]] = {
         frozenset({S.CLUSTER_IP, S.EXTERNAL_IP, S.LOAD_BALANCER, S.IPVS_IPS}),
         [],
     ),
-    # No local detector at all: pods are told apart by the set's src,dst match.
+    # No local detector at all: pods are told apart by the set's src,dst match, and only the
+    # node itself reaches an eTP Local address without a local endpoint.
     "no-local-detector": (
         RulesConfig(),
-        frozenset({S.CLUSTER_IP, S.EXTERNAL_IP_LOCAL, S.HEALTH_CHECK_NODE_PORT, S.IPVS_IPS}),
+        frozenset(
+            {S.CLUSTER_IP, S.EXTERNAL_IP_LOCAL, S.HEALTH_CHECK_NODE_PORT, S.IPVS_IPS}
+            | {S.NO_LOCAL_ENDPOINTS}
+        ),
         [],
     ),
 }
