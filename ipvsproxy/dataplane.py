@@ -291,7 +291,7 @@ class Dataplane:
                 result.errors.append(f"re-reading the kernel for a retry: {exc}")
                 self.observed = None
                 self.pending.merge(changes)
-                result.failed = self.failures.end()
+                result.failed = self.failures.end(clear=False)
                 return result
             changes.merge(retry)
         self._converge(changes, result)
@@ -308,13 +308,13 @@ class Dataplane:
         # were ~8 MiB on top of the state, the daemon's peak.
         self.observed = None
         self._ensure_sysctls(result)
-        self.failures.begin(everything=True)
         try:
             self.observed = self._read_kernel(result)
         except Exception as exc:
             result.errors.append(f"reading the kernel: {exc}")
-            result.failed = self.failures.end()
+            result.complete = False
             return result
+        self.failures.begin(everything=True)
         self._converge(differing(self.desired, self.observed), result)
         result.writes = self.b.writes() - writes
         result.seconds = time.monotonic() - start
@@ -499,7 +499,11 @@ class Dataplane:
             self._save_state()
         except Exception as exc:
             result.errors.append(f"saving the state file: {exc}")
-        result.failed = self.failures.end()
+        # A Service retried while a part of the kernel could not be read may not have been
+        # tried at all: it stays failed until a sync that reads everything.
+        result.failed = self.failures.end(
+            clear=self.observed is not None and not self.observed.unread
+        )
 
     # -- steps -------------------------------------------------------------------------------
 

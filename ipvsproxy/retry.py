@@ -59,10 +59,11 @@ class Failures:
         failure.keys.merge(keys)
         self._this_sync[service] = reason
 
-    def end(self) -> dict[str, str]:
-        """The sync ended: the Services it retried without a new failure are programmed now.
-        Returns the Services that failed in this sync, and why."""
-        for service in self._retrying - self._this_sync.keys():
+    def end(self, clear: bool = True) -> dict[str, str]:
+        """The sync ended: the Services it retried without a new failure are programmed now
+        (unless not ``clear``: the sync could not try them all). Returns the Services that
+        failed in this sync, and why."""
+        for service in self._retrying - self._this_sync.keys() if clear else ():
             self.by_service.pop(service, None)
         self._retrying = set()
         return dict(self._this_sync)

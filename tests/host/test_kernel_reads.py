@@ -14,6 +14,7 @@ from bench import host
 from ipvsproxy import ipsets as S
 from ipvsproxy.backends.errors import ApplyError, Rejected
 from ipvsproxy.dataplane import Dataplane
+from tests.host.k8s_objects import service
 from tests.host.test_containment import Boom, _good, _good2, _programmed, _update
 
 
@@ -127,3 +128,22 @@ def test_the_daemon_counts_kernel_problems_in_a_metric(h: host.Host) -> None:
     assert result.complete  # the rules were written all the same
     value = proxy.metrics.registry.get_sample_value("ipvsproxy_kernel_problems")
     assert value == 1.0
+
+
+def test_a_failed_service_stays_failed_while_its_part_of_the_kernel_cannot_be_read(
+    h: host.Host,
+) -> None:
+    from tests.host.test_proxy_health import _refuse
+
+    dp = h.dp
+    _refuse(h, "10.96.0.20")
+    dp.update_service("default/bad", service("bad", "10.96.0.20"), [])
+    dp.sync()
+    assert list(dp.failed) == ["default/bad"]
+    each_service = dp.b.ipvs.each_service
+    dp.b.ipvs.each_service = _raise  # type: ignore[method-assign]
+    dp.reconcile()  # IPVS unread: bad was not tried
+    assert list(dp.failed) == ["default/bad"]
+    dp.b.ipvs.each_service = each_service  # type: ignore[method-assign]
+    dp.reconcile()  # tried, refused again
+    assert list(dp.failed) == ["default/bad"] and dp.failed["default/bad"].attempts == 2
