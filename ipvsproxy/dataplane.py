@@ -180,6 +180,8 @@ class Dataplane:
         # A kernel read or set creation that fails, by what: reported when it starts failing
         # (or fails otherwise), not at every sync; gone once it works again.
         self.kernel_problems: dict[str, str] = {}
+        # (set name, entry) -> the Services that want it, while a sync blames failed members
+        self._owners: dict[tuple[str, str], list[str]] | None = None
 
     # -- input -------------------------------------------------------------------------------
 
@@ -466,6 +468,7 @@ class Dataplane:
         """Each step on its own: what one step, or one Service's operations in it, raise is
         reported and the others go on. Operations fail their Service (``self.failures``)."""
         assert self.observed is not None
+        self._owners = None
         # ``changes`` is this sync's own: each part goes once used (at a full sync's peak, the
         # first, every key and member of 10,000 Services was ~4 MiB).
         steps: list[tuple[str, Callable[[], None]]] = [
@@ -501,6 +504,7 @@ class Dataplane:
             result.errors.append(f"saving the state file: {exc}")
         # A Service retried while a part of the kernel could not be read may not have been
         # tried at all: it stays failed until a sync that reads everything.
+        self._owners = None
         result.failed = self.failures.end(
             clear=self.observed is not None and not self.observed.unread
         )
@@ -513,13 +517,19 @@ class Dataplane:
 
     def _owners_of_address(self, address: str) -> list[str]:
         """The Services that bind ``address`` ("" for none: a deleted Service's leftover)."""
-        return [s for s, p in self.desired.plans.items() if address in p.bind] or [""]
+        return self._owners_of_member(S.IPVS_IPS, address)
 
     def _owners_of_member(self, name: str, entry: str) -> list[str]:
-        if name == S.IPVS_IPS:
-            return self._owners_of_address(entry)
-        plans = self.desired.plans.items()
-        return [s for s, p in plans if entry in p.members.get(name, ())] or [""]
+        """The Services that want ``entry`` in set ``name`` ("" for none)."""
+        if self._owners is None:  # indexed once a sync, when first needed: failures are rare
+            self._owners = {}
+            for service, plan in self.desired.plans.items():
+                for address in plan.bind:
+                    self._owners.setdefault((S.IPVS_IPS, address), []).append(service)
+                for set_name, entries in plan.members.items():
+                    for member in entries:
+                        self._owners.setdefault((set_name, member), []).append(service)
+        return self._owners.get((name, entry)) or [""]
 
     def _fail_address(self, op: AddressOp, why: object) -> None:
         keys = Changes(addresses={op.address}, members={S.IPVS_IPS: {op.address}})
