@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -346,3 +347,31 @@ def test_a_node_port_deleted_while_the_proxy_was_down_is_removed_at_restart(
             assert node_port not in sh(lab_cluster, n1.netns, "ipvsadm -Ln")
     finally:
         sh(lab_cluster, n1.netns, f"ipvsadm -D -t {node_port}", check=False)
+
+
+def test_cleanup_with_an_empty_state_file_removes_what_the_kernel_shows_is_ours(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    n1 = lab_cluster.node("node-1")
+    state = tmp_path / "state.json"
+    proxy = NodeDataplane(n1, state)
+    try:
+        sl = endpoint_slice("c", [endpoint(n1.pods[0].ip)])
+        proxy.run(
+            lambda dp: (
+                dp.update_service("default/c", service("c", "10.96.7.5"), [sl]),
+                sync_ok(dp),
+            )
+        )
+    finally:
+        proxy.close()
+    assert "10.96.7.5:80" in sh(lab_cluster, n1.netns, "ipvsadm -Ln")
+    state.write_text("")  # e.g. a crash of an older version, or a full disk
+    done = lab_cluster.exec(
+        n1.netns, sys.executable, "-m", "ipvsproxy", "cleanup", "--state-file", str(state),
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "unreadable" in done.stderr and "falling back" in done.stderr
+    assert "10.96.7.5" not in sh(lab_cluster, n1.netns, "ipvsadm -Ln")
+    assert "kube-ipvs0" not in sh(lab_cluster, n1.netns, "ip link")
