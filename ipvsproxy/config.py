@@ -11,11 +11,13 @@ Where ipvsproxy differs from upstream, on purpose:
 - A flag that is given overrides the file. Upstream ignores most flags once ``--config`` is given
   (its help says so); when a flag here changes a value the file sets, ``warnings`` says so.
 - Fields upstream defines that ipvsproxy does not use (``iptables.syncPeriod``, ``nftables.*``,
-  ``winkernel.*``, ``featureGates``, ``oomScoreAdj``, ...) are a warning when set to anything but
-  their zero value or upstream's default; kubeadm writes every field, mostly zero, so a stock
-  ConfigMap warns about nothing. Unknown fields are a warning too (upstream decodes v1alpha1
-  leniently and logs them). Upstream-only flags are accepted and warned about, except those
-  whose meaning ipvsproxy cannot honour (``--cleanup``, ``--init-only``, ``--write-config-to``).
+  ``winkernel.*``, ``featureGates``, ``configSyncPeriod``, ...) are a warning when set to
+  anything but their zero value or upstream's default; kubeadm writes every field, mostly
+  zero, so a stock ConfigMap warns about nothing. Unknown fields are a warning too (upstream
+  decodes v1alpha1 leniently and logs them). Upstream-only flags are accepted and warned about,
+  except those whose meaning ipvsproxy cannot honour (``--cleanup``, ``--init-only``,
+  ``--write-config-to``). tests/host/test_config_audit.py holds every upstream field and flag
+  to this.
 - The IPVS scheduler must be one the kernel has (rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq,
   mh, fo, ovf, twos; empty means rr).
 - ``--healthz-bind-address=`` and ``--metrics-bind-address=`` (empty) disable that server. In the
@@ -90,6 +92,9 @@ class ProxyConfig:
     conntrack_tcp_close_wait_timeout: float = 3600.0
     conntrack_udp_timeout: float = 0.0
     conntrack_udp_stream_timeout: float = 0.0
+    conntrack_tcp_be_liberal: bool = False
+    oom_score_adj: int = -999  # upstream's default (qos.KubeProxyOOMScoreAdj)
+    bind_address_hard_fail: bool = False  # a server that cannot bind stops the daemon
     kubeconfig: str | None = None
     master: str | None = None
     service_proxy_name: str | None = None
@@ -421,6 +426,13 @@ def _one_of(choices: Sequence[str], empty: str) -> Converter:
     return convert
 
 
+def _oom_score_adj(raw: Any, name: str, file: bool) -> int:
+    value = _int(raw, name, file)
+    if not -1000 <= value <= 1000:
+        raise ConfigError(f"{name}: must be within the range [-1000, 1000] (got {value})")
+    return value
+
+
 def _masquerade_bit(raw: Any, name: str, file: bool) -> int:
     value = _int(raw, name, file)
     if not 0 <= value <= 31:
@@ -545,6 +557,15 @@ _SETTINGS = (
     _Setting("conntrack_udp_stream_timeout", ("conntrack", "udpStreamTimeout"),
              ("--conntrack-udp-timeout-stream",), _duration,
              "idle timeout of assured UDP flows (0 leaves it)", "DURATION"),
+    _Setting("conntrack_tcp_be_liberal", ("conntrack", "tcpBeLiberal"),
+             ("--conntrack-tcp-be-liberal",), _bool,
+             "set nf_conntrack_tcp_be_liberal=1 (out-of-window TCP packets are not INVALID)",
+             "BOOL", kind="bool"),
+    _Setting("oom_score_adj", ("oomScoreAdj",), ("--oom-score-adj",), _oom_score_adj,
+             "the daemon's oom_score_adj, -1000 to 1000 (default -999)", "N"),
+    _Setting("bind_address_hard_fail", ("bindAddressHardFail",), ("--bind-address-hard-fail",),
+             _bool, "exit when the health or metrics server cannot bind its port "
+             "(default: log it and retry every 5s)", "BOOL", kind="bool"),
     _Setting("log_format", ("logging", "format"), ("--log-format", "--logging-format"),
              _one_of(LOG_FORMATS, "text"), "text or json (default text)", "FORMAT",
              flag_wins_upstream=True),
@@ -600,11 +621,11 @@ def _schema() -> _Node:
             "vmodule": _Ignored([]),
             "options": _Ignored(None, "nested"),
         },
-        "bindAddressHardFail": _Ignored(False),
         "enableProfiling": _Ignored(False),
         "showHiddenMetricsForVersion": _Ignored(""),
         "iptables": {
             "localhostNodePorts": _Ignored(True, "ptr"),
+            "snatNodeInternalIP": _Ignored(False, "ptr"),
             "syncPeriod": _Ignored("30s", "duration"),
             "minSyncPeriod": _Ignored("1s", "duration"),
         },
@@ -623,8 +644,7 @@ def _schema() -> _Node:
             "forwardHealthCheckVip": _Ignored(False),
         },
         "detectLocal": {},
-        "oomScoreAdj": _Ignored(-999, "ptr"),
-        "conntrack": {"tcpBeLiberal": _Ignored(False), "max": _Ignored(0)},  # max: removed
+        "conntrack": {"max": _Ignored(0)},  # removed upstream
         "configSyncPeriod": _Ignored("15m", "duration"),
         "portRange": _Ignored(""),
         "windowsRunAsService": _Ignored(False),
@@ -707,12 +727,12 @@ def _walk(
 _IGNORED_FLAGS = (
     "--feature-gates", "--kube-api-content-type", "--kube-api-burst", "--kube-api-qps",
     "--show-hidden-metrics-for-version", "--iptables-sync-period", "--iptables-min-sync-period",
-    "--oom-score-adj", "--config-sync-period", "--healthz-port", "--metrics-port", "--vmodule",
+    "--config-sync-period", "--healthz-port", "--metrics-port", "--vmodule",
     "--log-flush-frequency", "--log-json-info-buffer-size", "--log-text-info-buffer-size",
 )  # fmt: skip
 _IGNORED_BOOL_FLAGS = (
-    "--bind-address-hard-fail", "--profiling", "--iptables-localhost-nodeports",
-    "--conntrack-tcp-be-liberal", "--log-json-split-stream", "--log-text-split-stream",
+    "--profiling", "--iptables-localhost-nodeports", "--log-json-split-stream",
+    "--log-text-split-stream",
 )  # fmt: skip
 _REFUSED_FLAGS = {
     "--cleanup": "run `ipvsproxy cleanup` instead",

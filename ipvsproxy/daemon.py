@@ -33,6 +33,7 @@ from ipvsproxy.nodeaddrs import (
     local_addresses,
     node_ip,
     node_port_addresses,
+    pod_cidr,
     uses_node_addresses,
 )
 from ipvsproxy.objects import LABEL_SERVICE_NAME
@@ -42,11 +43,15 @@ from ipvsproxy.statefile import StateLock
 from ipvsproxy.watch import Informer, Kept
 
 log = logging.getLogger("ipvsproxy")
+POD_CIDR_WAIT = 300.0  # upstream waits 5 minutes for the Node's pod CIDR (NodeCIDR)
 TRIGGER_ANNOTATION = compact.TRIGGER_ANNOTATION
 
 
-def rules_config(cfg: ProxyConfig) -> RulesConfig:
+def rules_config(cfg: ProxyConfig, node_pod_cidr: str | None = None) -> RulesConfig:
+    """The rules' settings; ``node_pod_cidr`` is the Node's pod CIDR (detectLocalMode
+    NodeCIDR)."""
     local = {
+        "NodeCIDR": node_pod_cidr,
         "BridgeInterface": cfg.bridge_interface,
         "InterfaceNamePrefix": cfg.interface_name_prefix,
     }
@@ -144,14 +149,25 @@ class Proxy:
         """Upstream's detectNodeIPs: bindAddress, else the Node's, else 127.0.0.1."""
         return node_ip(self.cfg.bind_address, self.node) or FALLBACK_NODE_IP
 
-    def wait_for_node(self) -> None:
+    def wait_for_node(self, pod_cidr_timeout: float = POD_CIDR_WAIT) -> bool:
         """Until the Node informer's first list is done, so the first sync uses the Node's
         IP (upstream waits for the Node too). A node IP neither bindAddress nor the Node gives
-        is upstream's 127.0.0.1, with its warning; a Node that appears later is followed."""
+        is upstream's 127.0.0.1, with its warning; a Node that appears later is followed.
+        With detectLocalMode NodeCIDR, also until the Node has a pod CIDR, as upstream: False
+        when it has none within ``pod_cidr_timeout`` (the daemon exits)."""
         informer = next((i for i in self.informers if i.name == "node"), None)
         while informer is not None and not informer.synced.wait(0.1):
             if self.stop.is_set():
-                return
+                return True
+        if self.cfg.detect_local_mode == "NodeCIDR" and not self._wait_pod_cidr(pod_cidr_timeout):
+            log.error(
+                "detectLocalMode NodeCIDR: node %s has no spec.podCIDRs after %g s; it tells "
+                "pod traffic from other traffic by it (use ClusterCIDR or another mode where "
+                "nodes get no pod CIDR)",
+                self.dp.node.name,
+                pod_cidr_timeout,
+            )
+            return False
         with self.cond:
             found = node_ip(self.cfg.bind_address, self.node)
         if found is None:
@@ -162,6 +178,17 @@ class Proxy:
                 self.dp.node.name,
                 FALLBACK_NODE_IP,
             )
+        return True
+
+    def _wait_pod_cidr(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.cond:
+                if pod_cidr(self.node) is not None:
+                    return True
+            if self.stop.is_set() or time.monotonic() >= deadline:
+                return self.stop.is_set()
+            self.stop.wait(min(1.0, max(0.0, deadline - time.monotonic())))
 
     def _mark_node_dependent(self) -> None:
         with self.cond:
@@ -175,6 +202,7 @@ class Proxy:
         since the last read (notices can be lost). When the facts changed, the Services that
         read them are re-planned in this sync. Called with ``sync_lock`` held, before the marks
         are taken."""
+        self._refresh_local_detector()
         ip = self.node_ip()
         now = time.monotonic()
         stale = self.addresses_stale.is_set() or now - self._addresses_read >= self.cfg.sync_period
@@ -192,6 +220,15 @@ class Proxy:
         )
         self.dp.node = facts
         self._mark_node_dependent()
+
+    def _refresh_local_detector(self) -> None:
+        """detectLocalMode NodeCIDR: the rules follow the Node's pod CIDR (re-rendered at this
+        sync when it changed). Upstream exits to be restarted instead."""
+        with self.cond:
+            wanted = rules_config(self.cfg, pod_cidr(self.node))
+        if wanted != self.dp.rules_config:
+            log.info("local traffic detector: %s", wanted.if_not_local() or "none")
+            self.dp.rules_config = wanted
 
     def watch_addresses(self, events: AddressEvents) -> None:
         """Until stopped: an address added to or removed from any interface but kube-ipvs0
@@ -472,6 +509,8 @@ def conntrack_sysctls(cfg: ProxyConfig, cores: int) -> dict[str, str]:
     ):
         if seconds > 0:
             values[name] = str(int(seconds))
+    if cfg.conntrack_tcp_be_liberal:  # upstream only ever sets it, never back to 0
+        values["net/netfilter/nf_conntrack_tcp_be_liberal"] = "1"
     return values
 
 
@@ -493,6 +532,47 @@ def apply_kernel_settings(cfg: ProxyConfig, backends: Backends) -> None:
             )
         except Exception as exc:  # ApplyError names the operation
             log.warning("cannot set IPVS timeouts: %s", exc)
+
+
+def start_server(
+    what: str,
+    start: Callable[[], object],
+    hard_fail: bool,
+    stop: threading.Event,
+    retry: float = 5.0,
+) -> bool:
+    """Start a server; when its port cannot be bound, False with bindAddressHardFail (the
+    daemon exits), else the error is logged and the server tried again every ``retry`` seconds
+    (upstream's behaviour either way)."""
+    try:
+        start()
+        return True
+    except OSError as exc:
+        if hard_fail:
+            log.error("cannot start the %s server: %s (bindAddressHardFail: exiting)", what, exc)
+            return False
+        log.error("cannot start the %s server: %s; trying again every %g s", what, exc, retry)
+
+    def again() -> None:
+        while not stop.wait(retry):
+            try:
+                start()
+            except OSError:
+                continue
+            log.info("the %s server started", what)
+            return
+
+    threading.Thread(target=again, name=f"start-{what}", daemon=True).start()
+    return True
+
+
+def set_oom_score_adj(value: int, path: str = "/proc/self/oom_score_adj") -> None:
+    """The daemon's oom_score_adj (upstream's oomScoreAdj, -999 by default); a refusal is
+    logged, not fatal (upstream logs it too)."""
+    try:
+        Path(path).write_text(f"{value}\n")
+    except OSError as exc:
+        log.warning("cannot set oom_score_adj to %d: %s", value, exc)
 
 
 def api_client(cfg: ProxyConfig) -> Any:
@@ -571,6 +651,7 @@ def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[
 def run(cfg: ProxyConfig) -> int:
     for warning in cfg.warnings:
         log.warning("config: %s", warning)
+    set_oom_score_adj(cfg.oom_score_adj)
     # Held for the process's life, taken before anything touches the kernel or binds a port:
     # a second instance on the node (a DaemonSet update with maxSurge) waits here for the
     # first to exit; meanwhile the kubelet's probes reach the first one's health port.
@@ -596,9 +677,13 @@ def run(cfg: ProxyConfig) -> int:
     )
     metrics = Metrics()
     proxy = Proxy(cfg, dp, metrics)
+    servers: list[tuple[str, Callable[[], object]]] = []
     if cfg.healthz_bind_address:
-        serve_health(proxy.health, cfg.healthz_bind_address)
-    serve_metrics(cfg, metrics, proxy)
+        servers.append(("health", lambda: serve_health(proxy.health, cfg.healthz_bind_address)))
+    servers.append(("metrics", lambda: serve_metrics(cfg, metrics, proxy)))
+    for what, start in servers:
+        if not start_server(what, start, cfg.bind_address_hard_fail, proxy.stop):
+            return 1
     proxy.informers = informers(cfg, api, proxy, node_name)
     proxy.events = EventRecorder(lambda ns, body: kubeapi.create_event(api, ns, body), node_name)
     proxy.health_checks.node = node_name
@@ -613,7 +698,8 @@ def run(cfg: ProxyConfig) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    proxy.wait_for_node()
+    if not proxy.wait_for_node():
+        return 1
     threading.Thread(
         target=proxy.watch_addresses, args=(events,), name="addresses", daemon=True
     ).start()

@@ -103,3 +103,20 @@ def uses_node_addresses(svc: Mapping[str, Any]) -> bool:
     if isinstance(ports, list) and any(isinstance(p, Mapping) and p.get("nodePort") for p in ports):
         return True
     return bool(((svc.get("status") or {}).get("loadBalancer") or {}).get("ingress"))
+
+
+def pod_cidr(node: Mapping[str, Any] | None) -> str | None:
+    """The Node's IPv4 pod CIDR (detectLocalMode NodeCIDR): the first IPv4 one of
+    ``spec.podCIDRs``, else ``spec.podCIDR``; None when it has none (yet)."""
+    spec = (node or {}).get("spec") or {}
+    cidrs = spec.get("podCIDRs") or [spec.get("podCIDR")]
+    for text in cidrs if isinstance(cidrs, list) else []:
+        if not isinstance(text, str):
+            continue
+        try:
+            net = ipaddress.ip_network(text.strip(), strict=False)
+        except ValueError:
+            continue
+        if net.version == 4:
+            return str(net)
+    return None

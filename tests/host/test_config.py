@@ -199,9 +199,7 @@ def test_unsupported_fields_warn_once_each() -> None:
     data["winkernel"]["enableDSR"] = True
     data["configSyncPeriod"] = "1m"
     data["portRange"] = "30000-32767"
-    data["oomScoreAdj"] = -998
     data["showHiddenMetricsForVersion"] = "1.29"
-    data["conntrack"]["tcpBeLiberal"] = True
     data["clientConnection"]["qps"] = 50
     data["udpIdleTimeout"] = "1s"  # removed upstream, still in old ConfigMaps
     cfg = build(data, [])
@@ -215,9 +213,7 @@ def test_unsupported_fields_warn_once_each() -> None:
             "winkernel.enableDSR",
             "configSyncPeriod",
             "portRange",
-            "oomScoreAdj",
             "showHiddenMetricsForVersion",
-            "conntrack.tcpBeLiberal",
             "clientConnection.qps",
             "udpIdleTimeout",
         )
@@ -356,10 +352,10 @@ def test_every_flag_maps_to_its_field() -> None:
 
 
 def test_upstream_only_flags_are_accepted_with_a_warning() -> None:
-    cfg = build(None, ["--oom-score-adj=-999", "--profiling", "--feature-gates=A=true"])
+    cfg = build(None, ["--config-sync-period=1m", "--profiling", "--feature-gates=A=true"])
     assert cfg.warnings == (
         "--feature-gates is not used by ipvsproxy (ignored)",
-        "--oom-score-adj is not used by ipvsproxy (ignored)",
+        "--config-sync-period is not used by ipvsproxy (ignored)",
         "--profiling is not used by ipvsproxy (ignored)",
     )
     assert dataclasses.replace(cfg, warnings=()) == ProxyConfig()
@@ -654,10 +650,11 @@ def test_add_flags_lists_upstreams_flags_and_defaults_to_none() -> None:
         "--iptables-masquerade-bit", "--conntrack-max-per-core", "--conntrack-min",
         "--conntrack-tcp-timeout-established", "--conntrack-tcp-timeout-close-wait",
         "--conntrack-udp-timeout", "--conntrack-udp-timeout-stream", "--log-format", "--v",
-        "--service-proxy-name", "--state-file",
+        "--service-proxy-name", "--state-file", "--oom-score-adj", "--conntrack-tcp-be-liberal",
+        "--bind-address-hard-fail",
     ):  # fmt: skip
         assert flag in text, flag
-    assert "--oom-score-adj" not in text  # accepted, but hidden: it does nothing here
+    assert "--config-sync-period" not in text  # accepted, but hidden: it does nothing here
     ns = parser.parse_args([])
     assert all(value is None for value in vars(ns).values())
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
-from ipvsproxy import daemon
+from ipvsproxy import daemon, rules
+from ipvsproxy import ipsets as S
 from ipvsproxy.config import build
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.nodeaddrs import FALLBACK_NODE_IP
@@ -42,6 +43,7 @@ class FakeDataplane:
         self.node: NodeFacts = daemon.node_facts("node-1", cast(Any, self.b), cfg, FALLBACK_NODE_IP)
         self.updated: list[str] = []
         self.notices: dict[str, str] = {}  # reports about other Services (none here)
+        self.rules_config = daemon.rules_config(cfg)
 
     def update_service(self, service: str, _svc: Any, _slices: Any) -> None:
         self.updated.append(service)
@@ -131,3 +133,27 @@ def test_addresses_are_read_again_every_sync_period_without_notices() -> None:
     proxy._addresses_read -= 3600
     proxy._replan()
     assert "192.168.56.211" in dp.node.node_ips
+
+
+def test_node_cidr_detects_local_traffic_by_the_nodes_pod_cidr() -> None:
+    proxy, dp = proxy_with(["--detect-local-mode", "NodeCIDR"])
+    assert dp.rules_config.if_not_local() is None  # before the Node: nothing to go by
+    node = {
+        **NODE,
+        "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["fd00:1::/64", "10.244.1.0/24"]},
+    }
+    proxy.on_node("node-1", None, cast(Any, node))
+    proxy._replan()
+    assert dp.rules_config.if_not_local() == "! -s 10.244.1.0/24"
+    text = rules.render(dp.rules_config, frozenset({S.CLUSTER_IP}), [])
+    assert "dst,dst ! -s 10.244.1.0/24 -j KUBE-MARK-MASQ" in text  # traffic from elsewhere
+    assert proxy.wait_for_node(pod_cidr_timeout=0.1)
+
+
+def test_node_cidr_without_a_pod_cidr_stops_the_start() -> None:
+    proxy, _dp = proxy_with(["--detect-local-mode", "NodeCIDR"])
+    proxy.on_node("node-1", None, cast(Any, NODE))
+    assert not proxy.wait_for_node(pod_cidr_timeout=0.2)
+    proxy, _dp = proxy_with([])  # other modes need no pod CIDR
+    proxy.on_node("node-1", None, cast(Any, NODE))
+    assert proxy.wait_for_node(pod_cidr_timeout=0.2)

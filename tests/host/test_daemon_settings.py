@@ -30,6 +30,41 @@ def test_conntrack_settings_follow_upstream() -> None:
     values = conntrack_sysctls(cfg, cores=64)
     assert "net/netfilter/nf_conntrack_max" not in values
     assert values["net/netfilter/nf_conntrack_udp_timeout"] == "30"
+    assert "net/netfilter/nf_conntrack_tcp_be_liberal" not in values  # false leaves it
+    cfg = build(None, ["--conntrack-tcp-be-liberal"])
+    assert conntrack_sysctls(cfg, cores=2)["net/netfilter/nf_conntrack_tcp_be_liberal"] == "1"
+
+
+def test_oom_score_adj_is_written_at_start(tmp_path: Any) -> None:
+    target = tmp_path / "oom_score_adj"
+    daemon.set_oom_score_adj(build(None, []).oom_score_adj, str(target))
+    assert target.read_text() == "-999\n"  # upstream's default
+    daemon.set_oom_score_adj(-1000, str(tmp_path / "missing" / "oom_score_adj"))  # logged only
+
+
+def test_a_server_that_cannot_bind_exits_only_with_bind_address_hard_fail() -> None:
+    import socket
+
+    stop = threading.Event()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started: list[Any] = []
+
+        def start() -> None:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+                s.bind(("127.0.0.1", port))
+            started.append(port)
+
+        assert not daemon.start_server("health", start, True, stop)
+        assert daemon.start_server("health", start, False, stop, retry=0.05)
+    deadline = time.monotonic() + 10
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    assert started == [port]  # tried again until the port was free
 
 
 def test_the_tcp_drain_bound_is_a_setting_and_zero_means_none() -> None:

@@ -150,14 +150,69 @@ def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
             lab_cluster.exec(n1.netns, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
         wait_for(lambda: answers(added, 30520), 30, "NodePort on the added address")
         wait_for(lambda: not on_dummy(vip), 30, "externalIP now local: not on kube-ipvs0")
-        assert answers(vip, 80)
+        wait_for(lambda: answers(vip, 80), 30, "externalIP served from eth0's address")
         for ip in (added, vip):
             lab_cluster.exec(n1.netns, "ip", "addr", "del", f"{ip}/24", "dev", "eth0")
         wait_for(lambda: f"{added}:30520" not in ipvs(), 30, "NodePort virtual server removed")
         wait_for(lambda: on_dummy(vip), 30, "externalIP bound to kube-ipvs0 again")
-        assert answers(n1.ip, 30520)
+        wait_for(lambda: answers(n1.ip, 30520), 30, "NodePort on eth0's address still")
     finally:
         for ip in (added, vip):
             lab_cluster.exec(n1.netns, "ip", "addr", "del", f"{ip}/24", "dev", "eth0", check=False)
+        print(lab.logs())
+        lab.stop(cleanup=True)
+
+
+def test_node_cidr_waits_for_the_pod_cidr_and_detects_local_traffic_by_it(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    """detectLocalMode NodeCIDR: no sync before the Node has a pod CIDR (upstream waits for
+    it), then traffic to cluster IPs from outside the node's pod CIDR is masqueraded."""
+    from kubernetes import client
+
+    from lab.kube import healthz, last_sync_time
+
+    lab = LabKube(
+        lab_cluster,
+        tmp_path,
+        daemon_flags=("--watch-timeout", "3s", "--detect-local-mode", "NodeCIDR"),
+    )
+    lab.start_apiserver()
+    lab.start_controller()
+    n1 = lab_cluster.nodes[0]
+    try:
+        core: Any = client.CoreV1Api(lab.api)
+        disc: Any = client.DiscoveryV1Api(lab.api)
+        lab.start_daemons()
+        # The servers start first; no sync can run without the pod CIDR.
+        wait_for(lambda: last_sync_time(n1) == 0, 60, "metrics serving, no sync yet")
+        assert healthz(n1)[0] == 200  # healthy while starting, as upstream
+        for node in lab_cluster.nodes:
+            body = node_object(node)
+            body["spec"] = {"podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr]}
+            core.create_node(body)
+        lab.wait_first_sync(n1)
+        svc = selectorless(
+            core,
+            disc,
+            "web",
+            {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+            n1.pods[0],
+        )
+        vip = svc.spec.cluster_ip
+        wait_for(
+            lambda: netns.tcp_request(n1.pods[1].netns, vip, 80, timeout=2)["pod"] == "pod-1-1",
+            30,
+            "ClusterIP",
+        )
+        # A local pod keeps its address; the rule masquerades what is not from this node's pods.
+        answer = netns.tcp_request(n1.pods[1].netns, vip, 80, timeout=2)
+        assert answer["client"].split(":")[0] == n1.pods[1].ip, answer
+        rules = lab_cluster.exec(n1.netns, "iptables-save", "-t", "nat").stdout
+        masq = [
+            ln for ln in rules.splitlines() if "KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ" in ln
+        ]
+        assert masq and all(f"! -s {n1.pod_cidr} " in ln for ln in masq), rules
+    finally:
         print(lab.logs())
         lab.stop(cleanup=True)
