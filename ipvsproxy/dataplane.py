@@ -213,16 +213,23 @@ class Dataplane:
             else:
                 self.last_good[service] = svc
         self.pending.merge(self.desired.update(service, plan))
-        if plan.virtual_servers:
-            self.state.identities[service] = plan.identity
-        else:
-            self.state.identities.pop(service, None)
+        self._identify(service)
         for other in sorted(self.desired.moved):
             # This update took a virtual server from it, or gave one back.
+            self._identify(other)
             report = self._report(other)
             if report is not None and other in self.desired.lost:
                 self.notices[other] = report
         return self._report(service)
+
+    def _identify(self, service: str) -> None:
+        """The names of ``service``'s virtual servers as applied (not those another Service
+        owns), for status."""
+        plan = self.desired.applied.get(service) or self.desired.plans.get(service)
+        if plan is not None and plan.virtual_servers:
+            self.state.identities[service] = plan.identity
+        else:
+            self.state.identities.pop(service, None)
 
     def _report(self, service: str) -> str | None:
         """Set what ``errors`` says of ``service``: why its spec cannot be programmed, what of

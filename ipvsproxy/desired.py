@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from ipvsproxy import ipsets as S
+from ipvsproxy.identity import ServiceIdentity
 from ipvsproxy.model import DestKey, ServiceKey, VirtualServer
 from ipvsproxy.plan import EMPTY, OutFilter, ServicePlan
 
@@ -251,8 +252,12 @@ def _without(plan: ServicePlan, lost: Collection[ServiceKey]) -> ServicePlan:
         return not any(entry == h or entry.startswith(h + ",") for h in heads)
 
     members = {name: frozenset(filter(kept, entries)) for name, entries in plan.members.items()}
+    names = plan.identity
     return replace(
         plan,
+        identity=ServiceIdentity.of(
+            {k: v for k, v in names.virtual_servers.items() if k not in gone}, names.endpoints
+        ),
         virtual_servers={k: v for k, v in plan.virtual_servers.items() if k not in gone},
         real_servers={k: v for k, v in plan.real_servers.items() if k not in gone},
         members={name: entries for name, entries in members.items() if entries},

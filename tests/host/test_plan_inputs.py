@@ -169,6 +169,9 @@ def test_the_service_that_had_a_virtual_server_first_keeps_it(tmp_path: Path) ->
         assert not dp.desired.has_member(S.EXTERNAL_IP, "10.96.0.90,tcp:80")
         if order == "thief first":
             assert "default/thief" in dp.notices  # reported when the victim took it back
+        # Status names the owner only.
+        assert CONTESTED in dp.state.identities["default/victim"].virtual_servers
+        assert CONTESTED not in dp.state.identities["default/thief"].virtual_servers
         # The thief goes: the victim's virtual server is exactly its own.
         dp.update_service("default/thief", None, [])
         assert list(dp.desired.real_servers[CONTESTED]) == [DestKey("10.244.1.11", 8080)]
@@ -177,6 +180,7 @@ def test_the_service_that_had_a_virtual_server_first_keeps_it(tmp_path: Path) ->
         dp.update_service("default/thief", THIEF, [T_SLICE])
         dp.update_service("default/victim", None, [])
         assert dp.desired.owner[CONTESTED] == "default/thief"
+        assert CONTESTED in dp.state.identities["default/thief"].virtual_servers
         assert list(dp.desired.real_servers[CONTESTED]) == [DestKey("10.244.2.22", 8080)]
         assert dp.desired.has_member(S.EXTERNAL_IP, "10.96.0.90,tcp:80")
         assert dp.errors == {}
