@@ -281,7 +281,11 @@ class Proxy:
             with self.cond:
                 svc = self.services.get(service)
                 slices = list(self.slices.get(service, {}).values())
-            error = self.dp.update_service(service, svc, slices)
+            try:
+                error = self.dp.update_service(service, svc, slices)
+            except Exception as exc:  # a bug: this Service's error, the others go on
+                log.exception("cannot plan service %s", service)
+                error = self.dp.errors[service] = f"cannot plan: {type(exc).__name__}: {exc}"
             if error:
                 log.warning("cannot program service %s: %s", service, error)
                 if self.events is not None:

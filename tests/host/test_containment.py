@@ -286,3 +286,27 @@ def test_the_sync_runner_goes_on_after_a_sync_raised(h: host.Host) -> None:
     proxy.stop.set()
     assert calls == ["reconcile", "reconcile"]
     assert _metric(proxy, "ipvsproxy_sync_errors_total") == 1.0
+
+
+def test_an_exception_while_one_service_is_replanned_leaves_the_others(h: host.Host) -> None:
+    """Whatever raises while the dataplane takes in one Service's update (past the planner:
+    the desired state's bookkeeping) is that Service's error; the others are planned and
+    programmed in the same sync."""
+    proxy = _proxy(h.dp)
+    update = h.dp.desired.update
+
+    def raising(service: str, plan: Any) -> Any:
+        if service == "default/bad":
+            raise Boom("a bug")
+        return update(service, plan)
+
+    h.dp.desired.update = raising  # type: ignore[method-assign]
+    for name, (svc, slices) in (("bad", _bad(["10.244.1.31"], [])), ("good", _good())):
+        proxy.on_service(f"default/{name}", None, svc)
+        for sl in slices:
+            proxy.on_slice(f"default/{sl['metadata']['name']}", None, sl)
+    result = proxy.apply_changes()
+    assert result.complete and "default/bad" in h.dp.errors
+    assert "a bug" in h.dp.errors["default/bad"]
+    assert ("default/bad", "InvalidService") in [(s, r) for s, r, _ in proxy.events.events]
+    _programmed(h.dp, "default/good")
