@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
-from ipvsproxy.desired import DesiredState
-from ipvsproxy.diff import DestOp, OpKind, ServiceOp, diff_dests, diff_services
+from ipvsproxy import ipsets as S
+from ipvsproxy.desired import Changes, DesiredState
+from ipvsproxy.diff import (
+    AddressOp,
+    DestOp,
+    MemberOp,
+    OpKind,
+    ServiceOp,
+    diff_addresses,
+    diff_dests,
+    diff_members,
+    diff_services,
+)
 from ipvsproxy.model import (
     SVC_F_PERSISTENT,
     DestKey,
@@ -78,3 +89,54 @@ def test_a_virtual_server_two_services_claim_stays_while_one_still_does() -> Non
     state.update(other, plan_service(None, [], node, PlanConfig()))
     assert state.virtual_servers[VS] == left.virtual_servers[VS]
     assert state.real_servers[VS] == left.real_servers[VS]
+
+
+def test_a_real_server_back_from_weight_0_is_set_to_weight_1() -> None:
+    back = DestKey("10.244.1.11", 8080)  # as planned: weight 1, masquerade
+    drained = {back: ObservedDest(RealServer(back, weight=0), DestStats(active=1))}
+    assert diff_dests(VS, {back: back}, drained) == [DestOp(OpKind.SET, VS, back)]
+
+
+def test_member_and_address_operations_name_their_set_and_kind() -> None:
+    assert diff_members("KUBE-CLUSTER-IP", {"a"}, {"b"}) == [
+        MemberOp(OpKind.ADD, "KUBE-CLUSTER-IP", "a"),
+        MemberOp(OpKind.DELETE, "KUBE-CLUSTER-IP", "b"),
+    ]
+    ops = diff_addresses(
+        {"10.96.0.1"}, {"10.96.0.2", "10.96.0.3"}, owned=lambda a: a != "10.96.0.3"
+    )
+    assert ops == [AddressOp(OpKind.ADD, "10.96.0.1"), AddressOp(OpKind.DELETE, "10.96.0.2")]
+
+
+def test_changes_are_true_when_any_part_is_and_merge_keeps_every_part() -> None:
+    assert not Changes()
+    assert Changes(services={VS}) and Changes(addresses={"10.96.0.1"})
+    assert Changes(members={"S": {"e"}}) and Changes(rules=True)
+    assert not Changes(members={"S": set()})
+    merged = Changes()
+    merged.merge(Changes(rules=True, members={"S": {"e"}}))
+    merged.merge(Changes(members={"S": {"f"}}))
+    assert merged.rules and merged.members == {"S": {"e", "f"}}
+
+
+def test_desired_state_reports_addresses_and_rules_and_answers_for_kube_ipvs_ips() -> None:
+    node = NodeFacts("node-1")
+    state = DesiredState()
+    assert not state.update("default/none", plan_service(None, [], node, PlanConfig()))
+    changes = state.update(
+        "default/web", plan_service(service("web", "10.96.0.10"), [], node, PlanConfig())
+    )
+    assert changes.addresses == {"10.96.0.10"}
+    assert changes.members[S.IPVS_IPS] == {"10.96.0.10"}
+    assert changes.rules  # KUBE-CLUSTER-IP and KUBE-IPVS-IPS are no longer empty
+    assert set(state.member_keys(S.IPVS_IPS)) == {"10.96.0.10"}
+    assert state.has_member(S.IPVS_IPS, "10.96.0.10")
+    assert not state.has_member(S.IPVS_IPS, "10.96.0.11")
+    assert state.members_among(S.IPVS_IPS, {"10.96.0.10", "10.96.0.11"}) == {"10.96.0.10"}
+    assert state.members_among(S.CLUSTER_IP, {"10.96.0.10,tcp:80", "x"}) == {"10.96.0.10,tcp:80"}
+    assert state.nonempty_sets() == {S.CLUSTER_IP, S.IPVS_IPS}
+    # The same plan again: nothing changed, the rules neither.
+    again = state.update(
+        "default/web", plan_service(service("web", "10.96.0.10"), [], node, PlanConfig())
+    )
+    assert not again and not again.rules

@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 
 from ipvsproxy.model import Protocol
-from ipvsproxy.objects import Endpoint, InvalidObject, ServicePort, service_ports, slice_endpoints
+from ipvsproxy.objects import (
+    Endpoint,
+    InvalidObject,
+    ServicePort,
+    endpoints_by_port,
+    service_ports,
+    slice_endpoints,
+)
 from tests.host.k8s_objects import endpoint, endpoint_slice, service
 
 
@@ -132,3 +139,22 @@ def test_an_endpoint_names_its_pod() -> None:
     del bare["metadata"]["namespace"]
     (e,) = endpoints(bare)
     assert e.pod == "default/p"
+
+
+def test_slice_ports_from_1_to_65535_and_each_service_port_on_its_own() -> None:
+    def numbers(slice_ports: list[dict[str, Any]]) -> list[list[int]]:
+        sl = endpoint_slice("web", [endpoint("10.244.1.11")], ports=slice_ports)
+        found = endpoints_by_port([sl], [("a", Protocol.TCP), ("b", Protocol.TCP)])
+        return [[e.port for e in eps] for eps in found]
+
+    assert numbers([{"name": "a", "port": 1}, {"name": "b", "port": 65535}]) == [[1], [65535]]
+    assert numbers([{"name": "a", "port": 0}, {"name": "b", "port": 65536}]) == [[], []]
+    # A Service port missing from the slice, or out of range there, leaves the others alone.
+    assert numbers([{"name": "b", "port": 8080}]) == [[], [8080]]
+    assert numbers([{"name": "a", "port": 70000}, {"name": "b", "port": 8080}]) == [[], [8080]]
+
+
+def test_a_dual_stack_service_with_ipv6_first_keeps_its_ipv4_cluster_ip() -> None:
+    svc = service("web", "fd00::10")
+    svc["spec"]["clusterIPs"] = ["fd00::10", "10.96.0.10"]
+    assert ports(svc)[0].cluster_ips == ("10.96.0.10",)

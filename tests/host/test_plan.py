@@ -406,3 +406,18 @@ def test_the_plan_names_each_virtual_server_and_endpoint() -> None:
         "10.244.1.11": ("default/web-a", "node-1"),
         "10.244.2.11": ("default/web-b", "node-2"),
     }
+
+
+def test_no_affinity_means_no_persistence_timeout() -> None:
+    vs = plan(service("w", "10.96.0.71")).virtual_servers[
+        ServiceKey("10.96.0.71", Protocol.TCP, 80)
+    ]
+    assert (vs.flags, vs.timeout) == (0, 0)
+
+
+def test_source_ranges_on_a_node_without_a_primary_ip() -> None:
+    node = NodeFacts(name="node-1", node_ips=("192.168.56.11",))
+    p = plan_service(lb_with_ranges(["192.168.56.0/24"]), [], node, CFG)
+    assert p.error is None
+    assert S.LOAD_BALANCER_SOURCE_IP not in p.members
+    assert p.out_filters == {OutFilter("203.0.113.30", Protocol.TCP, 443)}

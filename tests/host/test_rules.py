@@ -168,3 +168,11 @@ def test_local_policy_without_local_endpoints_short_circuits_pods_and_the_node()
     (node_only,) = [r for r in lines(text, "KUBE-SERVICES") if "NO-LOCAL" in r]
     assert node_only.endswith("dst,dst -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ")
     assert S.NO_LOCAL_ENDPOINTS not in render(RulesConfig(), frozenset(), [])
+
+
+def test_the_local_detector_defaults() -> None:
+    # No mode given: ClusterCIDR with the cluster CIDR; NodeCIDR needs its own value.
+    assert RulesConfig(detect_local="", cluster_cidr="10.244.0.0/16").if_not_local() == (
+        "! -s 10.244.0.0/16"
+    )
+    assert RulesConfig(detect_local="NodeCIDR", cluster_cidr="10.244.0.0/16").if_not_local() is None
