@@ -174,6 +174,8 @@ class Dataplane:
         self.observed: _Observed | None = None
         # UDP virtual servers whose real servers changed, to flush: -> the addresses removed.
         self._udp_changed: dict[ServiceKey, set[str]] = {}
+        # Those whose flush failed: flushed again when their Service's retry is due.
+        self._udp_failed: dict[ServiceKey, set[str]] = {}
         self.failures = Failures(retry_clock)
         self.sysctls_tried = False  # the required sysctls are set once, at the first sync
         self.sysctl_failures: dict[str, str] = {}  # sysctl -> why it could not be set
@@ -303,6 +305,7 @@ class Dataplane:
                 result.failed = self.failures.end(clear=False)
                 return result
             changes.merge(retry)
+            self._retry_udp(retry.services)
         self._converge(changes, result)
         result.writes = self.b.writes() - writes
         result.seconds = time.monotonic() - start
@@ -323,7 +326,7 @@ class Dataplane:
             result.errors.append(f"reading the kernel: {exc}")
             result.complete = False
             return result
-        self.failures.begin(everything=True)
+        self._retry_udp(self.failures.begin(everything=True).services)
         self._converge(differing(self.desired, self.observed), result)
         result.writes = self.b.writes() - writes
         result.seconds = time.monotonic() - start
@@ -697,7 +700,17 @@ class Dataplane:
                 self.b.conntrack.flush_stale(service, live, gone)
             except Exception as exc:
                 why = f"conntrack cleanup of {service}: {type(exc).__name__}: {exc}"
+                self._udp_failed.setdefault(service, set()).update(gone)
                 self._fail_service(service, why)
+
+    def _retry_udp(self, keys: Collection[ServiceKey]) -> None:
+        """The failed flushes of the virtual servers ``keys`` (being retried) are done again
+        at this sync's end: a retry that finds the virtual server as desired writes nothing,
+        and the stale entries would stay."""
+        for key in keys:
+            gone = self._udp_failed.pop(key, None)
+            if gone is not None:
+                self._udp_changed.setdefault(key, set()).update(gone)
 
     def _expired(self, key: ServiceKey, have: Mapping[DestKey, Seen]) -> set[DestKey]:
         now = self.clock()

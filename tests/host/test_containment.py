@@ -310,3 +310,33 @@ def test_an_exception_while_one_service_is_replanned_leaves_the_others(h: host.H
     assert "a bug" in h.dp.errors["default/bad"]
     assert ("default/bad", "InvalidService") in [(s, r) for s, r, _ in proxy.events.events]
     _programmed(h.dp, "default/good")
+
+
+def test_a_failed_conntrack_cleanup_is_done_again_when_its_service_is_retried(
+    h: host.Host,
+) -> None:
+    """A UDP Service's stale conntrack entries whose deletion failed (a transient netlink
+    error) are deleted by the Service's retry: a retry that only re-compares its virtual
+    servers (unchanged since) clears the failure with the blackholing entries still there."""
+    dp = h.dp
+    now = [1000.0]
+    dp.failures.clock = lambda: now[0]
+    _update(dp, "bad", _bad(["10.244.1.31", "10.244.2.32"], []))
+    assert dp.sync().errors == []
+    calls: list[tuple[str, frozenset[str], frozenset[str]]] = []
+
+    def flaky(service: Any, live: Any, gone: Any = ()) -> int:
+        calls.append((str(service), frozenset(live), frozenset(gone)))
+        if len(calls) == 1:
+            raise Boom("NetlinkError(105, 'No buffer space available')")
+        return 1
+
+    dp.b.conntrack.flush_stale = flaky  # type: ignore[method-assign]
+    _update(dp, "bad", _bad([], []))  # its last endpoints go: their flows with them
+    dp.sync()
+    assert set(dp.failed) == {"default/bad"}
+    now[0] += 1.0  # its retry is due
+    dp.sync()
+    assert len(calls) == 2, calls
+    assert calls[1][1:] == (frozenset(), frozenset({"10.244.1.31", "10.244.2.32"}))
+    assert dp.failed == {}
