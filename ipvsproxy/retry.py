@@ -32,6 +32,7 @@ class Failures:
         self.by_service: dict[str, Failure] = {}
         self._this_sync: dict[str, str] = {}
         self._retrying: set[str] = set()
+        self._taken: dict[str, Changes] = {}  # the retried Services' keys, as ``begin`` took them
 
     def begin(self, everything: bool = False) -> Changes:
         """A sync starts: the keys of the Services whose retry is due (every failed Service's
@@ -40,9 +41,11 @@ class Failures:
         self._this_sync = {}
         self._retrying = {s for s, f in self.by_service.items() if everything or f.retry_at <= now}
         keys = Changes()
+        self._taken = {}
         for service in self._retrying:
             failure = self.by_service[service]
             keys.merge(failure.keys)
+            self._taken[service] = failure.keys
             failure.keys = Changes()  # a key that fails again is named again
         return keys
 
@@ -52,9 +55,7 @@ class Failures:
         if failure is None:
             failure = self.by_service[service] = Failure(reason)
         if service not in self._this_sync:
-            failure.attempts += 1
-            backoff = RETRY_FIRST * 2 ** min(failure.attempts - 1, 16)
-            failure.retry_at = self.clock() + min(RETRY_MAX, backoff)
+            self._back_off(failure)
         failure.reason = reason
         failure.keys.merge(keys)
         self._this_sync[service] = reason
@@ -63,10 +64,23 @@ class Failures:
         """The sync ended: the Services it retried without a new failure are programmed now
         (unless not ``clear``: the sync could not try them all). Returns the Services that
         failed in this sync, and why."""
-        for service in self._retrying - self._this_sync.keys() if clear else ():
-            self.by_service.pop(service, None)
-        self._retrying = set()
+        for service in self._retrying - self._this_sync.keys():
+            if clear:
+                self.by_service.pop(service, None)
+                continue
+            # Not tried for sure: retried again after its next backoff (not due at once, or
+            # the runner syncs without pause while the sync cannot try it), with its keys.
+            failure = self.by_service[service]
+            failure.keys.merge(self._taken.get(service, Changes()))
+            self._back_off(failure, again=False)
+        self._retrying, self._taken = set(), {}
         return dict(self._this_sync)
+
+    def _back_off(self, failure: Failure, again: bool = True) -> None:
+        """Its next retry, one backoff from now (``again``: after one more failed attempt)."""
+        failure.attempts += again
+        backoff = RETRY_FIRST * 2 ** min(failure.attempts - 1, 16)
+        failure.retry_at = self.clock() + min(RETRY_MAX, backoff)
 
     def next_retry(self) -> float | None:
         """clock() of the earliest retry due, if any Service failed."""

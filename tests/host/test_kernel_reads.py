@@ -147,3 +147,30 @@ def test_a_failed_service_stays_failed_while_its_part_of_the_kernel_cannot_be_re
     dp.b.ipvs.each_service = each_service  # type: ignore[method-assign]
     dp.reconcile()  # tried, refused again
     assert list(dp.failed) == ["default/bad"] and dp.failed["default/bad"].attempts == 2
+
+
+def test_a_failed_service_not_tried_for_an_unread_part_is_not_due_at_once_again(
+    h: host.Host,
+) -> None:
+    """A failed Service that a sync could not try (its part of the kernel unread) backs off
+    as if it failed again: else its retry stays due, and the runner (which syncs whenever a
+    retry is due, every sync a full one while a part is unread) reads the whole kernel back
+    every minSyncPeriod (0 by default from a config file) for as long as the read fails."""
+    from tests.host.test_proxy_health import _refuse
+
+    dp = h.dp
+    now = [1000.0]
+    dp.failures.clock = lambda: now[0]
+    _refuse(h, "10.96.0.20")
+    dp.update_service("default/bad", service("bad", "10.96.0.20"), [])
+    dp.sync()
+    assert list(dp.failed) == ["default/bad"]
+    dp.b.ipvs.each_service = _raise  # type: ignore[method-assign]
+    for _ in range(3):
+        retry = dp.next_retry()
+        assert retry is not None
+        now[0] = max(now[0], retry)  # the runner syncs when the retry is due
+        dp.sync()  # a full sync (IPVS unread): bad cannot be tried
+        assert list(dp.failed) == ["default/bad"]
+        next_retry = dp.next_retry()
+        assert next_retry is not None and next_retry > now[0], (next_retry, now[0])
