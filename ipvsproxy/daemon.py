@@ -102,6 +102,7 @@ class Proxy:
         self.node: Kept | None = None  # this node's Node object, once seen
         self.addresses_stale = threading.Event()  # the kernel said the node's addresses changed
         self._addresses_read = time.monotonic()  # when refresh_node last read them
+        self._addresses_error: str | None = None  # why the last read failed, if it did
 
     # -- events ------------------------------------------------------------------------------
 
@@ -209,8 +210,15 @@ class Proxy:
         if not stale and ip == self.dp.node.primary_ip:
             return
         self.addresses_stale.clear()  # a notice from now on is for the next sync
-        self._addresses_read = now
-        facts = node_facts(self.dp.node.name, self.dp.b, self.cfg, ip)
+        try:
+            facts = node_facts(self.dp.node.name, self.dp.b, self.cfg, ip)
+        except Exception as exc:  # the facts last read stay; read again at the next sync
+            self.addresses_stale.set()
+            if str(exc) != self._addresses_error:
+                log.warning("reading the node's addresses: %s; keeping those last read", exc)
+            self._addresses_error = str(exc)
+            return
+        self._addresses_read, self._addresses_error = now, None
         if facts == self.dp.node:
             return
         log.info(

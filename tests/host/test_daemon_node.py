@@ -157,3 +157,25 @@ def test_node_cidr_without_a_pod_cidr_stops_the_start() -> None:
     proxy, _dp = proxy_with([])  # other modes need no pod CIDR
     proxy.on_node("node-1", None, cast(Any, NODE))
     assert proxy.wait_for_node(pod_cidr_timeout=0.2)
+
+
+def test_a_failing_read_of_the_node_addresses_does_not_stop_the_sync() -> None:
+    """The node's addresses are dumped again every sync period: when that dump fails (as the
+    dataplane's own read of kube-ipvs0 may, issue 13 A4), the Services are still handed to the
+    dataplane with the addresses last read, and the read is tried again at the next sync."""
+    proxy, dp = proxy_with(["--ipvs-sync-period", "1h"])
+    proxy.on_service("default/cip", None, cast(Any, CLUSTER_IP))
+    before = dp.node
+
+    def failing() -> list[tuple[int, str]]:
+        raise OSError(105, "No buffer space available")
+
+    dp.b.addresses.indexed = failing  # type: ignore[method-assign]
+    proxy._addresses_read -= 3600  # a sync period since the last read
+    proxy._replan()
+    assert dp.updated == ["default/cip"]
+    assert dp.node == before
+    del dp.b.addresses.indexed  # the dump works again
+    dp.b.addresses.addresses.append((2, "192.168.56.211"))
+    proxy._replan()
+    assert "192.168.56.211" in dp.node.node_ips
