@@ -170,7 +170,7 @@ def test_a_failing_read_of_the_node_addresses_does_not_stop_the_sync() -> None:
     def failing() -> list[tuple[int, str]]:
         raise OSError(105, "No buffer space available")
 
-    dp.b.addresses.indexed = failing  # type: ignore[method-assign]
+    dp.b.addresses.indexed = failing
     proxy._addresses_read -= 3600  # a sync period since the last read
     proxy._replan()
     assert dp.updated == ["default/cip"]
