@@ -140,3 +140,28 @@ def test_desired_state_reports_addresses_and_rules_and_answers_for_kube_ipvs_ips
         "default/web", plan_service(service("web", "10.96.0.10"), [], node, PlanConfig())
     )
     assert not again and not again.rules
+
+
+def test_a_new_out_filter_alone_changes_the_rules() -> None:
+    node = NodeFacts("node-1", ("192.168.56.11",), frozenset({"192.168.56.11"}), "192.168.56.11")
+
+    def lb(name: str, cluster_ip: str, vip: str) -> dict[str, object]:
+        return service(
+            name,
+            cluster_ip,
+            type="LoadBalancer",
+            ports=[{"name": "p", "port": 443, "nodePort": 30443, "protocol": "TCP"}],
+            loadBalancerSourceRanges=["192.0.2.0/24"],  # not the node: an out filter
+            status={"loadBalancer": {"ingress": [{"ip": vip}]}},
+        )
+
+    state = DesiredState()
+    state.update(
+        "default/a", plan_service(lb("a", "10.96.0.1", "203.0.113.1"), [], node, PlanConfig())
+    )
+    before = state.nonempty_sets()
+    changes = state.update(
+        "default/b", plan_service(lb("b", "10.96.0.2", "203.0.113.2"), [], node, PlanConfig())
+    )
+    assert state.nonempty_sets() == before  # no set became (non-)empty: only the filter is new
+    assert changes.rules
