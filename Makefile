@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 APT_STAMP := $(VENV)/.apt-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all setup test test-host test-kernel lint fmt demo bench bench-scaling mutate clean
+.PHONY: all setup upstream test test-host test-kernel lint fmt demo bench bench-scaling mutate clean
 
 all: test
 
@@ -24,7 +24,13 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-setup: $(APT_STAMP) $(STAMP)
+# Upstream etcd, kube-apiserver, kube-controller-manager, kube-proxy and kube-router for the lab,
+# built from the Go modules in lab/upstream/ into a cache outside the repository
+# (~/.cache/ipvsproxy-lab, or $$IPVSPROXY_LAB_CACHE): built once, then found there.
+upstream: $(STAMP)
+	$(PY) -m lab.upstream
+
+setup: $(APT_STAMP) $(STAMP) upstream
 
 # The whole suite: host tests first, then the kernel-lab tests in one guest boot.
 # --lab-no-skips makes any skipped test a failure: where the lab can boot nothing may skip.

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -92,9 +94,39 @@ def _check_connectivity(cluster: Any, request: Any) -> int:
 
 
 def _cmd_apiserver(args: argparse.Namespace) -> int:
-    from lab.apiserver import cli_main
+    """The real control plane (etcd, kube-apiserver, kube-controller-manager) until SIGTERM."""
+    import signal
+    import tempfile
 
-    return cli_main(args.args)
+    from lab.controlplane import ControlPlane, ControlPlaneError
+    from lab.upstream import NotBuilt
+
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        print(f"lab apiserver: --listen wants HOST:PORT, not {args.listen!r}", file=sys.stderr)
+        return 2
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="lab-controlplane-"))
+    cp = ControlPlane(workdir, host=host, port=int(port))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        cp.start(timeout=args.timeout)
+        shutil.copyfile(cp.kubeconfig, args.kubeconfig)
+        took = ", ".join(f"{k} {v:.1f} s" for k, v in cp.start_seconds.items())
+        print(f"lab apiserver: {cp.url} ready ({took}); kubeconfig {args.kubeconfig}", flush=True)
+        print(f"lab apiserver: logs and keys in {workdir}", flush=True)
+        while not stop.wait(1.0):
+            for name in ("etcd", "kube-apiserver", "kube-controller-manager"):
+                if not cp.running(name):
+                    print(f"lab apiserver: {name} exited:\n{cp.log_tail(name)}", file=sys.stderr)
+                    return 1
+        return 0
+    except (ControlPlaneError, NotBuilt) as exc:
+        print(f"lab apiserver: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        cp.stop()
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -114,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status. A guest that panics, dies or times out exits with status 3.",
     )
     run.add_argument("--timeout", type=float, default=3600.0, help="seconds (default 3600)")
-    run.add_argument("--mem", default="1G", help="guest memory (default 1G)")
+    run.add_argument("--mem", default="3G", help="guest memory (default 3G)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     run.set_defaults(func=_cmd_run)
     cluster = sub.add_parser(
@@ -142,21 +174,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
     api = sub.add_parser(
         "apiserver",
-        help="serve the lab's Kubernetes API (Services, EndpointSlices, Nodes, Events)",
-        description="Run the test API server until SIGTERM/SIGINT and write a kubeconfig "
-        "that points at it.",
-        add_help=False,
+        help="run the real control plane: etcd, kube-apiserver, kube-controller-manager",
+        description="Start etcd, kube-apiserver (RBAC on, Service range 10.96.0.0/12, "
+        "NodePorts 30000-32767) and kube-controller-manager (EndpointSlice and "
+        "EndpointSlice-mirroring controllers), write an admin kubeconfig once /readyz "
+        "answers, and run until SIGTERM/SIGINT. Built by `make setup` (lab/upstream).",
     )
-    api.add_argument("args", nargs=argparse.REMAINDER)
+    api.add_argument("--listen", default="127.0.0.1:6443", help="HOST:PORT (default %(default)s)")
+    api.add_argument("--kubeconfig", required=True, help="where to write the admin kubeconfig")
+    api.add_argument("--workdir", help="certificates, keys and logs (default: a new temp dir)")
+    api.add_argument("--timeout", type=float, default=300.0, help="start timeout, seconds")
     api.set_defaults(func=_cmd_apiserver)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["apiserver"]:
-        # The API server parses its own options (lab/apiserver/cli.py).
-        return _cmd_apiserver(argparse.Namespace(args=argv[1:]))
     args = build_parser().parse_args(argv)
     rc: int = args.func(args)
     return rc

@@ -162,6 +162,9 @@ def guest_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     }
     if sys.prefix != sys.base_prefix:
         env["VIRTUAL_ENV"] = sys.prefix
+    for name in ("IPVSPROXY_LAB_CACHE", "XDG_CACHE_HOME"):  # where lab.upstream's builds are
+        if name in os.environ:
+            env[name] = os.environ[name]
     # On hosts where UML cannot keep AVX state (AMX hosts), nothing in the guest may use AVX.
     env.update(uml_xstate.guest_env())
     if extra:
@@ -214,7 +217,7 @@ def boot(
     *,
     on_output: Callable[[str], None] | None = None,
     timeout: float = 3600.0,
-    mem: str = "1G",
+    mem: str = "3G",
     env: Mapping[str, str] | None = None,
     cwd: Path = REPO,
     modules: Sequence[str] = MODULES,

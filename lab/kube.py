@@ -2,10 +2,13 @@
 
 On top of a :class:`lab.topology.Cluster` (node and pod namespaces, echo servers) this starts
 
-- the lab API server on the underlay (192.168.56.1:6443) and a kubeconfig for it,
-- the lab's EndpointSlice controller (``lab/endpointslice_controller.py``), with every lab pod
-  registered as a Pod object, so Services with a selector get their slices as on a real cluster,
-- ``ipvsproxy run`` in every node namespace, as an operator runs it: a kubeconfig and
+- the real control plane (``lab/controlplane.py``: etcd, kube-apiserver with RBAC,
+  kube-controller-manager's EndpointSlice controllers) on the underlay (192.168.56.1:6443), an
+  admin kubeconfig, and deploy/'s ServiceAccount, ClusterRole and binding,
+- a Node object for every lab node and a Pod object for every lab pod (``lab/kubelet.py``), so
+  the real EndpointSlice controller writes the slices of Services with a selector,
+- ``ipvsproxy run`` in every node namespace, as an operator runs it: a kubeconfig acting as
+  deploy/'s ServiceAccount (the real authorizer holds it to deploy/'s ClusterRole) and
   kube-proxy's flags, one state file per node. ``fault=`` starts the daemons through
   ``lab/faults.py`` instead, with a deliberately broken dataplane.
 
@@ -25,8 +28,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from lab import netns
-from lab.apiserver import APIServer
-from lab.endpointslice_controller import EndpointSliceController, LabPod
+from lab.controlplane import ControlPlane
+from lab.kubelet import LabKubelets, LabPod
 from lab.topology import Cluster, Node
 
 APISERVER_PORT = 6443
@@ -34,6 +37,8 @@ HEALTHZ_PORT = 10256
 METRICS_ADDRESS = "127.0.0.1:10249"
 CLUSTER_CIDR = "10.244.0.0/16"
 POD_ECHO_PORT = 8080
+REPO = Path(__file__).resolve().parent.parent
+SERVICE_ACCOUNT = ("kube-system", "ipvsproxy")  # deploy/serviceaccount.yaml
 
 
 def http_get_from(ns: str | None, url: str, timeout: float = 3.0) -> tuple[int, str]:
@@ -182,7 +187,7 @@ class Daemons:
 
 
 class LabKube:
-    """API server, EndpointSlice controller and ipvsproxy daemons on a lab topology.
+    """Control plane, lab kubelets and ipvsproxy daemons on a lab topology.
 
     ``start()`` does it all; the demo calls the steps one by one to report each.
     """
@@ -194,25 +199,36 @@ class LabKube:
         *,
         daemon_flags: Sequence[str] = (),
         fault: str | None = None,
-        bookmark_interval: float = 1.0,
+        pod_cidrs: bool = False,
+        register_nodes: bool = True,
     ) -> None:
         self.cluster = cluster
         self.workdir = workdir
         self.daemon_flags = tuple(daemon_flags)
         self.fault = fault
-        self.server = APIServer(
-            host=cluster.apiserver_ip, port=APISERVER_PORT, bookmark_interval=bookmark_interval
+        self.pod_cidrs = pod_cidrs
+        self.register_nodes = register_nodes
+        self.controlplane = ControlPlane(
+            workdir / "controlplane", host=cluster.apiserver_ip, port=APISERVER_PORT
         )
-        self.kubeconfig = workdir / "kubeconfig"
-        self.controller = EndpointSliceController(self.server)
+        self.kubeconfig = self.controlplane.kubeconfig  # the admin's
+        self.daemon_kubeconfig = workdir / "ipvsproxy.kubeconfig"
+        self.kubelets = LabKubelets(self.controlplane)
         self.daemons: Daemons | None = None
         self._api: Any = None
 
     # Steps ------------------------------------------------------------------------------
 
     def start_apiserver(self) -> None:
-        self.server.start()
-        self.server.write_kubeconfig(self.kubeconfig)
+        """The control plane, deploy/'s identity for ipvsproxy, and a Node per lab node."""
+        cp = self.controlplane
+        cp.start()
+        for manifest in ("serviceaccount.yaml", "rbac.yaml"):
+            cp.create_from_manifest(REPO / "deploy" / manifest)
+        cp.service_account_kubeconfig(*SERVICE_ACCOUNT, self.daemon_kubeconfig)
+        for node in self.cluster.nodes if self.register_nodes else ():
+            cidr = node.pod_cidr if self.pod_cidrs else None
+            self.kubelets.register_node(node.name, node.ip, cidr)
 
     def start_controller(self, pods: Sequence[LabPod] | None = None) -> None:
         """Register ``pods`` (default: every lab pod, in namespace default, unlabelled)."""
@@ -221,13 +237,11 @@ class LabKube:
                 LabPod(p.name, "default", p.node, p.ip, ports={"echo": POD_ECHO_PORT})
                 for p in self.cluster.pods
             ]
-        for pod in pods:
-            self.controller.add_pod(pod)
-        self.controller.start()
+        self.kubelets.add_pods(pods)
 
     def start_daemons(self) -> Daemons:
         self.daemons = Daemons(
-            self.cluster, self.kubeconfig, self.workdir, self.daemon_flags, self.fault
+            self.cluster, self.daemon_kubeconfig, self.workdir, self.daemon_flags, self.fault
         )
         return self.daemons
 
@@ -267,16 +281,15 @@ class LabKube:
         return self.daemons.logs() if self.daemons is not None else ""
 
     def stop(self, cleanup: bool = True) -> None:
-        """Stop the daemons (and, with ``cleanup``, remove what they programmed), the
-        controller and the API server. Safe to call twice."""
+        """Stop the daemons (and, with ``cleanup``, remove what they programmed) and the
+        control plane. Safe to call twice."""
         if self.daemons is not None:
             self.daemons.stop()
             if cleanup:
                 self.daemons.cleanup()
             self.daemons = None
-        self.controller.stop()
         if self._api is not None:
             with contextlib.suppress(Exception):
                 self._api.close()
             self._api = None
-        self.server.stop()
+        self.controlplane.stop()

@@ -41,7 +41,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=2400.0,
         help="seconds the one guest boot that runs all kernel tests may take (default 2400)",
     )
-    group.addoption("--lab-mem", default="1G", help="guest memory (default 1G)")
+    group.addoption(
+        "--lab-mem",
+        default="3G",
+        help="guest memory (default 3G: the control plane runs in the guest)",
+    )
     group.addoption(
         "--e2e-kubeconfig",
         default=None,

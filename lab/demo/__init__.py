@@ -426,8 +426,8 @@ def traffic_table(rows: Sequence[Row]) -> None:
 
 
 def run_in_guest(fault: str | None) -> int:
-    from lab.endpointslice_controller import LabPod
     from lab.kube import LabKube
+    from lab.kubelet import LabPod
     from lab.topology import Cluster
 
     progress = Progress()

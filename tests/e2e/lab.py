@@ -1,7 +1,8 @@
 """The kernel lab as an :class:`~tests.e2e.cluster.E2ECluster` (inside the lab guest).
 
-Everything is ``lab.kube.LabKube``: the lab API server, its EndpointSlice controller with every
-lab pod registered as a Pod, and ``ipvsproxy run`` in every node namespace. A "pod on node-N"
+Everything is ``lab.kube.LabKube``: the real control plane (etcd, kube-apiserver,
+kube-controller-manager's EndpointSlice controller) with every lab node a Node and every lab pod
+a Pod, and ``ipvsproxy run`` in every node namespace. A "pod on node-N"
 is that node's last lab pod, "node-N" its node namespace, "external" the underlay namespace that
 is not a node.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lab import kube, netns
-from lab.endpointslice_controller import LabPod
+from lab.kubelet import LabPod
 from lab.topology import Cluster
 from tests.e2e.cluster import Answer, Backend, NodeAddr, Proto, Source, parse_proc_ip_vs, selector
 
@@ -65,7 +66,7 @@ class LabE2E:
     def set_backends(self, app: str, backends: Sequence[Backend]) -> None:
         ((key, value),) = selector(app).items()
         chosen = {b.name for b in backends}
-        self.lab.controller.update_labels(
+        self.lab.kubelets.update_labels(
             {
                 (NAMESPACE, p.name): {key: value if p.name in chosen else None}
                 for p in self.topo.pods

@@ -1,11 +1,12 @@
-"""`ipvsproxy run` in every node namespace against the lab API server, as an operator runs it:
-a kubeconfig, kube-proxy's flags, real traffic (``lab.kube.LabKube``).
+"""`ipvsproxy run` in every node namespace against the real control plane, as an operator runs
+it: a kubeconfig acting as deploy/'s ServiceAccount, kube-proxy's flags, real traffic
+(``lab.kube.LabKube``).
 
 What a user of any cluster sees (Services reachable from pods, nodes and outside, endpoints
 followed, deletion, externalTrafficPolicy Local, session affinity) is in tests/e2e, which runs
 on the lab and on real clusters. Here is what only the lab can do: start the daemons and watch
-/healthz before the first sync, taint a Node object, take the API server away and compact its
-history, compare every node's kernel state before and after cleanup, start with bad flags.
+/healthz before the first sync, taint a Node object, stop kube-apiserver and compact etcd,
+compare every node's kernel state before and after cleanup, start with bad flags.
 """
 
 from __future__ import annotations
@@ -80,11 +81,11 @@ def test_health_taint_and_metrics_follow_the_daemon(lab_cluster: Cluster, kube: 
     # A node the cluster autoscaler is removing fails /healthz (load balancers drain it)
     # while /livez stays 200.
     taint = {"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}
-    core.create_node({"metadata": {"name": "node-2"}, "spec": {"taints": [taint]}})
+    core.patch_node("node-2", {"spec": {"taints": [taint]}})
     wait_for(lambda: healthz(n2)[0] == 503, 30, "tainted node unhealthy")
     assert healthz(n2, "/livez")[0] == 200
     assert json.loads(healthz(n2)[1])["nodeEligible"] is False
-    core.delete_node("node-2")
+    core.patch_node("node-2", {"spec": {"taints": None}})
     # A Service without a selector: its slice is written by hand (the lab's controller leaves
     # it alone, as upstream's does).
     core.create_namespaced_service(
@@ -182,9 +183,6 @@ def test_outage_compaction_health_checks_and_cleanup(
 ) -> None:
     from kubernetes import client
 
-    from lab.apiserver.resources import lookup
-
-    srv = kube.server
     core: Any = client.CoreV1Api(kube.api)
     disc: Any = client.DiscoveryV1Api(kube.api)
     n1, n2 = lab_cluster.nodes[0], lab_cluster.nodes[1]
@@ -234,20 +232,22 @@ def test_outage_compaction_health_checks_and_cleanup(
 
         t = threading.Thread(target=traffic, daemon=True)
         t.start()
-        # The API server goes away for longer than a watch request lasts (--watch-timeout 3s).
-        # Meanwhile a Service appears in its store and history is compacted: the daemons'
-        # watches resume from a resourceVersion that is gone (410) and must relist.
-        srv.stop()
-        late = {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "late", "namespace": "default"},
-            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
-        }
-        srv.ops.create(lookup("", "v1", "services"), "default", late)  # type: ignore[arg-type]
-        srv.compact()
+        # kube-apiserver goes away for longer than a watch request lasts (--watch-timeout 3s)
+        # and etcd's history is compacted meanwhile: the restarted server's watch cache starts
+        # after the daemons' last resourceVersion, so their watches resume at a version that is
+        # gone (410) and must relist. A Service made after the restart must then be programmed.
+        cp = kube.controlplane
+        cp.stop_apiserver()
+        cp.compact()
         time.sleep(8)
-        srv.start()
+        cp.start_apiserver()
+        core.create_namespaced_service(
+            "default",
+            {
+                "metadata": {"name": "late"},
+                "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+            },
+        )
         late_ip = core.read_namespaced_service("late", "default").spec.cluster_ip
         disc.create_namespaced_endpoint_slice("default", slice_body("late", [n2.pods[1]]))
         wait_for(

@@ -56,6 +56,7 @@ def primary(lab_cluster: Cluster, tmp_path: Path) -> Iterator[LabKube]:
         lab_cluster,
         tmp_path,
         daemon_flags=("--watch-timeout", "3s", "--nodeport-addresses", "primary"),
+        register_nodes=False,
     )
     lab.start_apiserver()
     lab.start_controller()
@@ -176,6 +177,7 @@ def test_node_cidr_waits_for_the_pod_cidr_and_detects_local_traffic_by_it(
         lab_cluster,
         tmp_path,
         daemon_flags=("--watch-timeout", "3s", "--detect-local-mode", "NodeCIDR"),
+        register_nodes=False,
     )
     lab.start_apiserver()
     lab.start_controller()

@@ -139,7 +139,7 @@ def create_services(kube: LabKube) -> tuple[str, str]:
     from kubernetes import client
 
     core: Any = client.CoreV1Api(kube.api)
-    kube.controller.update_labels(
+    kube.kubelets.update_labels(
         {("default", p): {"app": "web"} for p in WEB_BACKENDS}
         | {("default", STICKY_BACKEND): {"app": "sticky"}}
     )
@@ -192,7 +192,7 @@ def test_status_matches_ipvsadm_and_names_every_server(lab_cluster: Cluster, kub
     try:
         held = session.ask()["pod"]
         held_ip = pod_ip(lab_cluster, held)
-        kube.controller.update_labels({("default", held): {"app": None}})
+        kube.kubelets.update_labels({("default", held): {"app": None}})
 
         def draining() -> bool:
             dests = ipvsadm(lab_cluster, n1)[("TCP", f"{web_ip}:80")]["dests"]
