@@ -129,6 +129,37 @@ def _cmd_apiserver(args: argparse.Namespace) -> int:
         cp.stop()
 
 
+def _cmd_peer(args: argparse.Namespace) -> int:
+    """An upstream proxy in a lab node namespace, until SIGTERM/SIGINT."""
+    import signal
+    import tempfile
+
+    from lab import peers
+    from lab.upstream import NotBuilt
+
+    if not Path("/proc/net/ip_vs").exists():
+        print("lab peer: this kernel has no IPVS; run it in the lab guest", file=sys.stderr)
+        return 2
+    netns_name = args.netns or args.node
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix=f"lab-{args.proxy}-"))
+    start = peers.kube_proxy if args.proxy == "kube-proxy" else peers.kube_router
+    try:
+        peer = start(args.node, netns_name, Path(args.kubeconfig), workdir)
+    except NotBuilt as exc:
+        print(f"lab peer: {exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"lab peer: {args.proxy} on {args.node} (netns {netns_name}), log {peer.log_path}")
+    while not stop.wait(1.0):
+        if not peer.running():
+            print(f"lab peer: {args.proxy} exited:\n{peer.logs()}", file=sys.stderr)
+            return 1
+    peer.stop()
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from lab import demo
 
@@ -185,6 +216,19 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--workdir", help="certificates, keys and logs (default: a new temp dir)")
     api.add_argument("--timeout", type=float, default=300.0, help="start timeout, seconds")
     api.set_defaults(func=_cmd_apiserver)
+    peer = sub.add_parser(
+        "peer",
+        help="(inside the guest) run upstream kube-proxy (IPVS) or kube-router in a node",
+        description="Run upstream kube-proxy in IPVS mode, configured as kubeadm does (a "
+        "KubeProxyConfiguration file), or kube-router with only its service proxy, in a lab "
+        "node namespace until SIGTERM/SIGINT. The Node object must exist.",
+    )
+    peer.add_argument("proxy", choices=("kube-proxy", "kube-router"))
+    peer.add_argument("--node", required=True, help="the Node's name (node-1, ...)")
+    peer.add_argument("--kubeconfig", required=True)
+    peer.add_argument("--netns", help="namespace to run in (default: the node's name)")
+    peer.add_argument("--workdir", help="config and log (default: a new temp dir)")
+    peer.set_defaults(func=_cmd_peer)
     return parser
 
 

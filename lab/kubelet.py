@@ -47,18 +47,19 @@ class LabPod:
     labels: dict[str, str] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)  # named container ports
     ready: bool = True
+    # protocol of a named port other than TCP: a Service's named targetPort matches a
+    # container port by name and protocol
+    protocols: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any], ip: str) -> LabPod:
         """A Pod manifest (``kind: Pod``) placed on a lab pod namespace with address ``ip``."""
         md = manifest.get("metadata") or {}
         spec = manifest.get("spec") or {}
-        ports = {
-            str(p["name"]): int(p["containerPort"])
-            for c in spec.get("containers") or []
-            for p in c.get("ports") or []
-            if p.get("name")
-        }
+        named = [p for c in spec.get("containers") or [] for p in c.get("ports") or []]
+        named = [p for p in named if p.get("name")]
+        ports = {str(p["name"]): int(p["containerPort"]) for p in named}
+        protocols = {str(p["name"]): str(p["protocol"]) for p in named if p.get("protocol")}
         return cls(
             name=str(md["name"]),
             namespace=str(md.get("namespace") or "default"),
@@ -66,6 +67,7 @@ class LabPod:
             ip=ip,
             labels=dict(md.get("labels") or {}),
             ports=ports,
+            protocols=protocols,
         )
 
 
@@ -91,7 +93,8 @@ def node_object(name: str, ip: str, pod_cidr: str | None = None) -> dict[str, An
 
 def pod_object(pod: LabPod) -> dict[str, Any]:
     ports = [
-        {"name": n, "containerPort": p, "protocol": "TCP"} for n, p in sorted(pod.ports.items())
+        {"name": n, "containerPort": p, "protocol": pod.protocols.get(n, "TCP")}
+        for n, p in sorted(pod.ports.items())
     ]
     return {
         "apiVersion": "v1",
