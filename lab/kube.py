@@ -91,7 +91,8 @@ def wait_for(check: Callable[[], object], timeout: float = 30.0, what: str = "co
 
 
 class Daemons:
-    """One ``ipvsproxy run`` per node namespace, logs and state files in ``workdir``."""
+    """One ``ipvsproxy run`` per node namespace (every node, or those of ``nodes``), logs and
+    state files in ``workdir``."""
 
     def __init__(
         self,
@@ -100,13 +101,15 @@ class Daemons:
         workdir: Path,
         extra: Sequence[str] = (),
         fault: str | None = None,
+        nodes: Sequence[Node] | None = None,
     ) -> None:
         self.cluster = cluster
         self.workdir = workdir
+        self.nodes = tuple(cluster.nodes if nodes is None else nodes)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: list[IO[bytes]] = []
         entry = ["lab.faults", fault] if fault else ["ipvsproxy"]
-        for node in cluster.nodes:
+        for node in self.nodes:
             log = (workdir / f"{node.name}.log").open("wb")
             self._logs.append(log)
             self.procs[node.name] = subprocess.Popen(
@@ -170,7 +173,7 @@ class Daemons:
         self._logs.clear()
 
     def cleanup(self) -> list[subprocess.CompletedProcess[str]]:
-        """``ipvsproxy cleanup`` on every node (after stop())."""
+        """``ipvsproxy cleanup`` on every node a daemon ran on (after stop())."""
         return [
             self.cluster.exec(
                 node.netns,
@@ -182,7 +185,7 @@ class Daemons:
                 str(self.state_file(node)),
                 check=False,
             )
-            for node in self.cluster.nodes
+            for node in self.nodes
         ]
 
 
@@ -239,9 +242,16 @@ class LabKube:
             ]
         self.kubelets.add_pods(pods)
 
-    def start_daemons(self) -> Daemons:
+    def start_daemons(self, nodes: Sequence[Node] | None = None) -> Daemons:
+        """``ipvsproxy run`` on every lab node, or only on ``nodes`` (the others are left to
+        another proxy, or to none)."""
         self.daemons = Daemons(
-            self.cluster, self.daemon_kubeconfig, self.workdir, self.daemon_flags, self.fault
+            self.cluster,
+            self.daemon_kubeconfig,
+            self.workdir,
+            self.daemon_flags,
+            self.fault,
+            nodes,
         )
         return self.daemons
 
