@@ -167,8 +167,8 @@ def _plan_port(
         b.no_local += 1
     # externalTrafficPolicy Local and no local endpoint: external clients are not forwarded
     # (the filter drops them: KUBE-NO-LOCAL-ENDPOINTS), but pods and the node itself reach the
-    # external destinations through the cluster's endpoints, masqueraded (upstream's "pod
-    # traffic for external destinations" and "short-circuit local traffic").
+    # external destinations through the cluster's endpoints, the node masqueraded (upstream's
+    # "pod traffic for external destinations" and "masquerade LOCAL traffic").
     short = sp.external_local and not local and bool(cluster)
     if short:
         external = cluster

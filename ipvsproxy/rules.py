@@ -87,11 +87,6 @@ class RulesConfig:
             return f"! -i {value}+"
         raise ValueError(f"detectLocalMode {mode!r} is not supported")
 
-    def if_local(self) -> str | None:
-        """The match for traffic that comes from a local pod (None: undetectable)."""
-        match = self.if_not_local()
-        return match.removeprefix("! ") if match else None
-
 
 def _c(name: str) -> str:
     return f'-m comment --comment "{S.BY_NAME[name].comment}"'
@@ -140,16 +135,15 @@ def _nat(cfg: RulesConfig, sets: frozenset[str]) -> list[str]:
         else:
             r.append(f"{head} src,dst -j KUBE-MARK-MASQ")
     if S.NO_LOCAL_ENDPOINTS in sets:
-        # Pods and the node reach these through the cluster's endpoints, masqueraded (before
-        # the external IPs' ACCEPT rules end the chain for them).
-        head = (
+        # Pods and the node reach these through the cluster's endpoints: the node's own
+        # traffic masqueraded (its source would be the service address, whose answers never
+        # come back), pods' traffic with their own address as upstream's ("pod traffic for
+        # external destinations" goes to the cluster's endpoints unmarked). Before the
+        # external IPs' ACCEPT rules, which would end the chain for the node.
+        r.append(
             f"-A KUBE-SERVICES {_c(S.NO_LOCAL_ENDPOINTS)} -m set --match-set "
-            f"{S.NO_LOCAL_ENDPOINTS} dst,dst"
+            f"{S.NO_LOCAL_ENDPOINTS} dst,dst -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ"
         )
-        if_local = cfg.if_local()
-        if if_local:
-            r.append(f"{head} {if_local} -j KUBE-MARK-MASQ")
-        r.append(f"{head} -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ")
     for name, masq in ((S.EXTERNAL_IP, True), (S.EXTERNAL_IP_LOCAL, False)):
         if name not in sets:
             continue

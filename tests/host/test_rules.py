@@ -145,28 +145,25 @@ def test_every_local_traffic_detector() -> None:
 
 
 def test_local_policy_without_local_endpoints_short_circuits_pods_and_the_node() -> None:
-    """Pods (the local-traffic detector) and the node itself are masqueraded to the cluster's
-    endpoints; new connections from anyone else are dropped (issue 13 B9)."""
+    """The node itself is masqueraded to the cluster's endpoints, pods keep their address (as
+    upstream's: tests/differential); new connections from anyone else are dropped (issue 13
+    B9)."""
     sets = frozenset({S.NO_LOCAL_ENDPOINTS, S.EXTERNAL_IP_LOCAL})
+    for cfg in (RulesConfig(cluster_cidr="10.244.0.0/16"), RulesConfig()):
+        svc = lines(render(cfg, sets, []), "KUBE-SERVICES")
+        masq = [r for r in svc if "KUBE-NO-LOCAL-ENDPOINTS dst,dst" in r]
+        assert [r.split("dst,dst ")[1] for r in masq] == [
+            "-m addrtype --src-type LOCAL -j KUBE-MARK-MASQ",
+        ]
+        # Before the external IPs' ACCEPT, which would end the chain for the node.
+        first_accept = next(i for i, r in enumerate(svc) if r.endswith("-j ACCEPT"))
+        assert svc.index(masq[-1]) < first_accept
     text = render(RulesConfig(cluster_cidr="10.244.0.0/16"), sets, [])
-    svc = lines(text, "KUBE-SERVICES")
-    masq = [r for r in svc if "KUBE-NO-LOCAL-ENDPOINTS dst,dst" in r]
-    assert [r.split("dst,dst ")[1] for r in masq] == [
-        "-s 10.244.0.0/16 -j KUBE-MARK-MASQ",
-        "-m addrtype --src-type LOCAL -j KUBE-MARK-MASQ",
-    ]
-    # Before the external IPs' ACCEPT, which would end the chain for them.
-    first_accept = next(i for i, r in enumerate(svc) if r.endswith("-j ACCEPT"))
-    assert svc.index(masq[-1]) < first_accept
     fw = [r for r in lines(text, "KUBE-PROXY-FIREWALL") if "KUBE-NO-LOCAL-ENDPOINTS" in r]
     assert len(fw) == 1 and fw[0].endswith(
         "dst,dst -m conntrack --ctstate NEW ! -s 10.244.0.0/16 -m addrtype ! --src-type LOCAL"
         " -j DROP"
     )
-    # Without a detector the node itself is still short-circuited.
-    text = render(RulesConfig(), sets, [])
-    (node_only,) = [r for r in lines(text, "KUBE-SERVICES") if "NO-LOCAL" in r]
-    assert node_only.endswith("dst,dst -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ")
     assert S.NO_LOCAL_ENDPOINTS not in render(RulesConfig(), frozenset(), [])
 
 

@@ -146,8 +146,9 @@ def test_local_policy_without_a_local_endpoint_serves_pods_and_the_node(
     lab_cluster: Cluster, tmp_path: Path, routes_to_node1: None
 ) -> None:
     """externalTrafficPolicy Local and no endpoint on this node: pods and the node itself reach
-    the NodePort, the load-balancer IP and the external IP through the cluster's endpoints,
-    masqueraded (upstream's short-circuit); external clients are still not forwarded."""
+    the NodePort, the load-balancer IP and the external IP through the cluster's endpoints
+    (upstream's short-circuit): pods with their own address, the node masqueraded; external
+    clients are still not forwarded."""
     n1 = lab_cluster.node("node-1")
     remote = lab_cluster.node("node-2").pods[0]
     svc = np_service(
@@ -165,7 +166,7 @@ def test_local_policy_without_a_local_endpoint_serves_pods_and_the_node(
         assert apply(ndp, ("default/nolocal", svc, [sl])).errors == []
         for host, port in targets:
             a = netns.tcp_request(n1.pods[1].netns, host, port, timeout=3)
-            assert (a["pod"], client_ip(a)) == (remote.name, n1.ip), (host, port)
+            assert (a["pod"], client_ip(a)) == (remote.name, n1.pods[1].ip), (host, port)
             a = netns.tcp_request(n1.netns, host, port, timeout=3)
             assert (a["pod"], client_ip(a)) == (remote.name, n1.ip), (host, port)
             with pytest.raises(OSError):
