@@ -98,7 +98,7 @@ def _cmd_apiserver(args: argparse.Namespace) -> int:
     import signal
     import tempfile
 
-    from lab.controlplane import ControlPlane, ControlPlaneError
+    from lab.controlplane import ControlPlane, ControlPlaneError, free_port
     from lab.upstream import NotBuilt
 
     host, _, port = args.listen.rpartition(":")
@@ -106,7 +106,8 @@ def _cmd_apiserver(args: argparse.Namespace) -> int:
         print(f"lab apiserver: --listen wants HOST:PORT, not {args.listen!r}", file=sys.stderr)
         return 2
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="lab-controlplane-"))
-    cp = ControlPlane(workdir, host=host, port=int(port))
+    # etcd at free ports: never at its defaults, where another checkout's may be running
+    cp = ControlPlane(workdir, host=host, port=int(port), etcd_ports=(free_port(), free_port()))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -115,7 +116,7 @@ def _cmd_apiserver(args: argparse.Namespace) -> int:
         shutil.copyfile(cp.kubeconfig, args.kubeconfig)
         took = ", ".join(f"{k} {v:.1f} s" for k, v in cp.start_seconds.items())
         print(f"lab apiserver: {cp.url} ready ({took}); kubeconfig {args.kubeconfig}", flush=True)
-        print(f"lab apiserver: logs and keys in {workdir}", flush=True)
+        print(f"lab apiserver: etcd {cp.etcd_client}; logs and keys in {workdir}", flush=True)
         while not stop.wait(1.0):
             for name in ("etcd", "kube-apiserver", "kube-controller-manager"):
                 if not cp.running(name):

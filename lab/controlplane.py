@@ -20,6 +20,7 @@ import contextlib
 import json
 import secrets
 import shutil
+import socket
 import ssl
 import subprocess
 import tempfile
@@ -33,8 +34,7 @@ from lab import upstream
 
 SERVICE_CIDR = "10.96.0.0/12"
 NODE_PORT_RANGE = "30000-32767"
-ETCD_CLIENT = "http://127.0.0.1:2379"
-ETCD_PEER = "http://127.0.0.1:2380"
+ETCD_PORTS = (2379, 2380)  # etcd's own defaults: client, peer
 ADMIN_USER = "lab-admin"
 
 
@@ -45,13 +45,23 @@ class ControlPlaneError(RuntimeError):
 class ControlPlane:
     """etcd, kube-apiserver and kube-controller-manager as child processes.
 
-    ``workdir`` holds certificates, keys, kubeconfigs and the components' logs.
+    ``workdir`` holds certificates, keys, kubeconfigs and the components' logs. etcd listens
+    on 127.0.0.1 at ``etcd_ports`` (client, peer): on a shared host, tests pass free ports so
+    that two control planes never meet on etcd's defaults.
     """
 
-    def __init__(self, workdir: Path, host: str = "127.0.0.1", port: int = 6443) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        host: str = "127.0.0.1",
+        port: int = 6443,
+        etcd_ports: tuple[int, int] = ETCD_PORTS,
+    ) -> None:
         self.workdir = workdir
         self.host = host
         self.port = port
+        self.etcd_client = f"http://127.0.0.1:{etcd_ports[0]}"
+        self.etcd_peer = f"http://127.0.0.1:{etcd_ports[1]}"
         self.kubeconfig = workdir / "kubeconfig"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: dict[str, IO[bytes]] = {}
@@ -118,16 +128,16 @@ class ControlPlane:
                 str(upstream.binary("etcd")),
                 "--name=lab",
                 f"--data-dir={self._etcd_dir}",
-                f"--listen-client-urls={ETCD_CLIENT}",
-                f"--advertise-client-urls={ETCD_CLIENT}",
-                f"--listen-peer-urls={ETCD_PEER}",
-                f"--initial-advertise-peer-urls={ETCD_PEER}",
-                f"--initial-cluster=lab={ETCD_PEER}",
+                f"--listen-client-urls={self.etcd_client}",
+                f"--advertise-client-urls={self.etcd_client}",
+                f"--listen-peer-urls={self.etcd_peer}",
+                f"--initial-advertise-peer-urls={self.etcd_peer}",
+                f"--initial-cluster=lab={self.etcd_peer}",
                 "--unsafe-no-fsync",
                 "--log-level=warn",
             ],
         )
-        self._wait("etcd", lambda: _http_ok(f"{ETCD_CLIENT}/health"), timeout)
+        self._wait("etcd", lambda: _http_ok(f"{self.etcd_client}/health"), timeout)
 
     def start_apiserver(self, timeout: float = 240.0) -> None:
         w = self.workdir
@@ -135,7 +145,7 @@ class ControlPlane:
             "kube-apiserver",
             [
                 str(upstream.binary("kube-apiserver")),
-                f"--etcd-servers={ETCD_CLIENT}",
+                f"--etcd-servers={self.etcd_client}",
                 f"--bind-address={self.host}",
                 f"--advertise-address={self.host}",
                 f"--secure-port={self.port}",
@@ -172,8 +182,11 @@ class ControlPlane:
         # It has no health endpoint with --secure-port=0: running for a moment is the check.
         self._wait("kube-controller-manager", lambda: True, timeout)
 
-    def stop_apiserver(self) -> None:
-        self._stop("kube-apiserver")
+    def stop_apiserver(self, grace: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds. kube-apiserver's graceful shutdown
+        outlasts 20 s while a client keeps a connection open (measured on the host with the
+        official Python client): tests that only need it gone pass a short grace."""
+        self._stop("kube-apiserver", grace)
 
     def stop(self) -> None:
         """Stop everything and forget etcd's data. Safe to call twice."""
@@ -219,13 +232,13 @@ class ControlPlane:
                 )
             time.sleep(0.25)
 
-    def _stop(self, name: str) -> None:
+    def _stop(self, name: str, grace: float = 20.0) -> None:
         proc = self.procs.pop(name, None)
         if proc is None or proc.poll() is not None:
             return
         proc.terminate()
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -334,15 +347,43 @@ class ControlPlane:
     # etcd -------------------------------------------------------------------------------
 
     def etcd_revision(self) -> int:
-        out = _etcd_post("/v3/kv/range", {"key": base64.b64encode(b"/").decode()})
+        out = self._etcd_post("/v3/kv/range", {"key": base64.b64encode(b"/").decode()})
         return int(out["header"]["revision"])
 
     def compact(self) -> int:
         """Compact etcd to its current revision (what a long-running cluster does every 5
         minutes): watches and lists at older resource versions get 410 Gone. The revision."""
         rev = self.etcd_revision()
-        _etcd_post("/v3/kv/compaction", {"revision": str(rev), "physical": True})
+        self._etcd_post("/v3/kv/compaction", {"revision": str(rev), "physical": True})
         return rev
+
+    def etcd_put(self, key: str, value: str) -> int:
+        """Write a key outside kube-apiserver's /registry prefix: etcd's revision moves on
+        while no API object changes (as any other write to a shared etcd would). The revision."""
+        out = self._etcd_post(
+            "/v3/kv/put",
+            {
+                "key": base64.b64encode(key.encode()).decode(),
+                "value": base64.b64encode(value.encode()).decode(),
+            },
+        )
+        return int(out["header"]["revision"])
+
+    def _etcd_post(self, path: str, body: dict[str, Any]) -> Any:
+        """etcd's gRPC gateway (JSON over HTTP on the client port): no etcdctl needed."""
+        req = urllib.request.Request(
+            self.etcd_client + path, data=json.dumps(body).encode(), method="POST"
+        )
+        req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the kernel's choice; free until someone binds it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 # kind: (group/version, plural, namespaced), for the kinds the lab creates from manifests
@@ -367,11 +408,3 @@ def _decode(raw: bytes) -> Any:
 def _http_ok(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=2) as resp:
         return int(resp.status) == 200
-
-
-def _etcd_post(path: str, body: dict[str, Any]) -> Any:
-    """etcd's gRPC gateway (JSON over HTTP on the client port): no etcdctl needed."""
-    req = urllib.request.Request(ETCD_CLIENT + path, data=json.dumps(body).encode(), method="POST")
-    req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return json.loads(resp.read())
