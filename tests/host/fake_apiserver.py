@@ -1,7 +1,24 @@
 """A scripted HTTP server that answers list and watch requests as a test says, and records
-every request's query: for the informer's retry behaviour, where the lab API server would
-have to be broken on purpose (a watch that closes at once, 410 answers, 403, a silent
-socket)."""
+every request's query, for tests/host/test_informer_retries.py. ipvsproxy's behaviour against
+an API server is otherwise tested against the real kube-apiserver (lab/controlplane.py); this
+stays only for what the real server cannot be made to do on demand, or cannot show:
+
+- a watch that closes at once with nothing received, request after request (the real server
+  keeps a watch open until its timeoutSeconds, at least 1 s, and sends bookmarks);
+- 410 Gone to every watch, ten times in a row, in a chosen form (an ERROR event in the stream
+  or the HTTP answer): the real server answers 410 once its watch cache has moved past the
+  client's resourceVersion (after a restart, see test_informer.py), and the form is its choice;
+- a relist at the last resourceVersion answered 410 Expired or 504 "Too large resource
+  version" (the real server serves such a list from its watch cache, waiting until it is
+  fresh enough; "too large" needs an etcd restored to an older revision);
+- a watch that sends its headers and then nothing, on a connection that stays up (a dead peer
+  without FIN; kube-apiserver sends bookmarks, and stopping it closes the connection);
+- an RV=0 list answered in pages, and the exact query of every request (kube-apiserver pages
+  such a list only with --watch-cache=false, and shows no client's requests).
+
+Tests assert on how many requests each fault costs and on the backoff between them (with a
+fake clock), which needs every request recorded.
+"""
 
 from __future__ import annotations
 

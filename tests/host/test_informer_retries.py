@@ -1,6 +1,7 @@
-"""The informer's request rate when the API server misbehaves, against a scripted server: a
-watch that closes at once, 410 in the stream or as the answer, 401/403, an expired relist, a
-silent socket. Time is a fake clock: the assertions are on the backoff sequence and on how
+"""The informer's request rate when the API server misbehaves: 401 and 403 from the real
+kube-apiserver; against a scripted server (tests/host/fake_apiserver.py says why), a watch that
+closes at once, 410 in the stream or as the answer over and over, an expired relist, a silent
+socket. Time is a fake clock: the assertions are on the backoff sequence and on how
 many requests a fixed number of failures costs, never on speed."""
 
 from __future__ import annotations
@@ -9,13 +10,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import config
 
 from ipvsproxy import daemon, kubeapi
 from ipvsproxy.config import ProxyConfig
 from ipvsproxy.watch import Backoff, Informer
+from lab.controlplane import ControlPlane
 from tests.host.fake_apiserver import (
     GONE_EVENT,
     Answer,
@@ -219,38 +223,68 @@ def test_the_first_list_pages_from_resource_version_0(
     assert set(inf.cache) == {"default/a", "default/b"}
 
 
+@pytest.fixture(scope="module")
+def refused_kubeconfigs(
+    controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> dict[int, Path]:
+    """Kubeconfigs the real kube-apiserver refuses: 401, a token it never issued; 403, a
+    ServiceAccount that exists but that no RBAC rule allows anything."""
+    d = tmp_path_factory.mktemp("refused")
+    controlplane.call(
+        "POST",
+        "/api/v1/namespaces/default/serviceaccounts",
+        {"metadata": {"name": "no-rights"}},
+    )
+    return {
+        401: controlplane.write_kubeconfig(d / "401", "not-a-token", user="nobody"),
+        403: controlplane.service_account_kubeconfig("default", "no-rights", d / "403"),
+    }
+
+
 @pytest.mark.parametrize(
     ("code", "reason", "hint"),
     [(401, "Unauthorized", "token"), (403, "Forbidden", "RBAC")],
 )
 def test_401_and_403_back_off_and_say_what_to_fix(
-    serve: Serve,
+    refused_kubeconfigs: dict[int, Path],
     stop: threading.Event,
-    fake_time: FakeTime,
     caplog: pytest.LogCaptureFixture,
     code: int,
     reason: str,
     hint: str,
 ) -> None:
-    message = (
-        'services is forbidden: User "system:serviceaccount:kube-system:ipvsproxy" cannot '
-        'list resource "services" in API group "" at the cluster scope'
+    """Against the real kube-apiserver and its authenticator and authorizer."""
+    t = FakeTime(stop)
+
+    def sleep(seconds: float) -> bool:
+        t.sleep(seconds)
+        if len(t.slept) == 5:
+            stop.set()
+        return stop.is_set()
+
+    new_client: Any = config.new_client_from_config
+    inf = Informer(
+        "services",
+        kubeapi.Lister(new_client(str(refused_kubeconfigs[code])), kubeapi.SERVICES),
+        lambda *_a: None,
+        stop=stop,
+        resource="services",
+        clock=t.clock,
+        sleep=sleep,
+        backoff=Backoff(clock=t.clock, rand=lambda: 0.0),
     )
-
-    def answer(_q: Query) -> Answer:
-        return Answer(code, status_body(code, reason, message if code == 403 else reason))
-
-    fake = serve(answer, stop_when=lambda reqs: len(reqs) >= 6)
     with caplog.at_level(logging.WARNING, logger="ipvsproxy.watch"):
-        informer(fake, stop, fake_time).run()
-    assert len(fake.requests) == 6
-    assert fake_time.slept == STEPS[:5]
+        inf.run()
+    assert t.slept == STEPS[:5]
+    assert inf.counters.lists == 0
     refusals = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(refusals) == 5
     for text in refusals:
         assert f"{code} {reason}" in text
         assert "list and watch services" in text
         assert hint in text
+    if code == 403:
+        assert 'User "system:serviceaccount:default:no-rights" cannot list' in refusals[0]
 
 
 def test_a_silent_watch_is_dropped_after_the_read_timeout_and_resumed(
