@@ -1,11 +1,11 @@
 """Peak memory of ``ipvsproxy run`` holding a synthetic cluster, inside the lab guest.
 
-The lab API server runs in this process, in the benchmark's node namespace, with the cluster
-(``bench.synthetic``) put straight into its store: created through its API, the synthetic
-cluster would run out of node ports, as a real cluster of that size with every port a NodePort
-would. ``ipvsproxy run`` then lists and watches it over HTTP with the official client, as on a
-real node, and programs the kernel; its first sync shows in its sync timestamp metric. Its
-peak resident set (VmHWM) is read then, and again after a few more periodic syncs.
+A read-only API server (``bench.snapshot_api``: why not the real kube-apiserver is said there)
+runs in this process, in the benchmark's node namespace, serving the cluster
+(``bench.synthetic``) and its Node. ``ipvsproxy run`` lists and watches it over HTTP with the
+official client, as on a real node, and programs the kernel; its first sync shows in its sync
+timestamp metric. Its peak resident set (VmHWM) is read then, and again after a few more
+periodic syncs.
 """
 
 from __future__ import annotations
@@ -20,36 +20,26 @@ from pathlib import Path
 from typing import Any
 
 from bench import synthetic
+from bench.snapshot_api import SnapshotAPI
 from lab import netns
-from lab.apiserver.server import APIServer
 
 HEALTHZ = "127.0.0.1:10256"
 METRICS = "127.0.0.1:10249"
 SYNC_PERIOD_S = 5.0
-NAMESPACE = "bench"
 
 
-def _key(obj: dict[str, Any]) -> tuple[str, str]:
-    md = obj["metadata"]
-    return (str(md.get("namespace", "")), str(md["name"]))
-
-
-def load(server: APIServer, services: int, endpoints: int, node: str, node_ip: str) -> None:
-    """The cluster into the store: Services, their EndpointSlices, a Namespace and the Node."""
-    store = server.store
-    store.put("namespaces", ("", NAMESPACE), {"metadata": {"name": NAMESPACE}})
-    store.put(
-        "nodes",
-        ("", node),
-        {
-            "metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}},
-            "status": {"addresses": [{"type": "InternalIP", "address": node_ip}]},
-        },
-    )
-    for _key_name, svc, slices in synthetic.cluster(services, endpoints):
-        store.put("services", _key(svc), svc)
-        for sl in slices:
-            store.put("endpointslices", _key(sl), sl)
+def snapshot(services: int, endpoints: int, node: str, node_ip: str) -> SnapshotAPI:
+    """The cluster's Services and EndpointSlices, and the Node ipvsproxy runs as."""
+    svcs: list[dict[str, Any]] = []
+    slices: list[dict[str, Any]] = []
+    for _key_name, svc, svc_slices in synthetic.cluster(services, endpoints):
+        svcs.append(svc)
+        slices.extend(svc_slices)
+    node_obj = {
+        "metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}},
+        "status": {"addresses": [{"type": "InternalIP", "address": node_ip}]},
+    }
+    return SnapshotAPI(svcs, slices, [node_obj])
 
 
 def _synced() -> bool:
@@ -97,12 +87,11 @@ def peak_rss(
 ) -> dict[str, Any]:
     """Start ``ipvsproxy run`` over the cluster; its peak RSS after the first sync and later."""
     with netns.entered(ns):
-        server = APIServer(host="127.0.0.1", port=0).start()
+        server = snapshot(services, endpoints, node, node_ip).start()
     kubeconfig = server.write_kubeconfig(workdir / "kubeconfig")
     log_path = workdir / f"ipvsproxy-{services}.log"
     log = log_path.open("wb")
     try:
-        load(server, services, endpoints, node, node_ip)
         start = time.monotonic()
         proc = subprocess.Popen(
             [
