@@ -195,8 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo",
         help="boot a 3-node lab cluster running ipvsproxy, send traffic, show who answered",
-        description="Boot the lab kernel; build 3 nodes, start the lab API server, its "
-        "EndpointSlice controller and ipvsproxy run on every node; apply lab/demo/app.yaml; "
+        description="Boot the lab kernel; build 3 nodes, start the real control plane (etcd, "
+        "kube-apiserver, kube-controller-manager), register Nodes and Pods, and start "
+        "ipvsproxy run on every node; apply lab/demo/app.yaml; "
         "send traffic from pods, nodes and outside; print who answered and the client "
         "address the pod saw, then ipvsproxy status. Exits 1 if any expectation failed.",
     )

@@ -278,8 +278,8 @@ class LabKube:
 
     @property
     def api(self) -> Any:
-        """An official ``kubernetes`` ApiClient for the lab API server (imported on first use:
-        ``import kubernetes`` costs seconds in the guest)."""
+        """An official ``kubernetes`` ApiClient for kube-apiserver, as the admin (imported on
+        first use: ``import kubernetes`` costs seconds in the guest)."""
         if self._api is None:
             from kubernetes import config
 

@@ -1,8 +1,9 @@
 """``python -m lab demo`` (``make demo``): ipvsproxy at work on a 3-node lab cluster.
 
 On the host it boots the lab kernel and runs itself inside; inside the guest it builds the
-topology, starts the lab API server, the lab's EndpointSlice controller and ``ipvsproxy run`` on
-every node (``lab.kube.LabKube``), applies ``lab/demo/app.yaml``, sends traffic from pods,
+topology, starts the real control plane (etcd, kube-apiserver, kube-controller-manager),
+registers the lab's Nodes and Pods as a kubelet would, and starts ``ipvsproxy run`` on every
+node (``lab.kube.LabKube``), applies ``lab/demo/app.yaml``, sends traffic from pods,
 nodes and the external client and prints who answered and which client address the pod saw,
 then ``ipvsproxy status`` of node-1. Every expectation is checked; the exit status is 0 only if
 all held. ``--inject-fault NAME`` starts the daemons with a broken dataplane (``lab/faults.py``):
@@ -441,7 +442,8 @@ def run_in_guest(fault: str | None) -> int:
         workdir = Path(tempfile.mkdtemp(prefix="ipvsproxy-demo-"))
         lab = LabKube(topo, workdir, fault=fault)
         with progress.step(
-            f"Starting the lab API server on {topo.apiserver_ip}:6443 (and the kubernetes client)"
+            f"Starting the real control plane (etcd, kube-apiserver, kube-controller-manager) "
+            f"on {topo.apiserver_ip}:6443 and registering the Nodes"
         ):
             lab.start_apiserver()
             from kubernetes import client
@@ -456,7 +458,8 @@ def run_in_guest(fault: str | None) -> int:
                     raise StepFailed(f"{APP.name}: {lab_pod.name} is on {lab_pod.node}")
                 pods.append(LabPod.from_manifest(doc, lab_pod.ip))
         with progress.step(
-            f"Starting the EndpointSlice controller with the {len(pods)} Pods of {APP.name}"
+            f"Registering the {len(pods)} Pods of {APP.name} (the EndpointSlice controller "
+            "writes the slices)"
         ):
             lab.start_controller(pods)
         with progress.step(f"Starting ipvsproxy run on {', '.join(n.name for n in topo.nodes)}"):

@@ -1,9 +1,10 @@
 """What the portable end-to-end tests need from a cluster, and helpers built only on that.
 
-Two implementations: ``tests/e2e/lab.py`` (the kernel lab: namespaces, the lab API server, its
-EndpointSlice controller, ``ipvsproxy run`` per node) and ``tests/e2e/real.py`` (a real cluster
-reached through ``--e2e-kubeconfig``, ipvsproxy already deployed on it). A test written
-against :class:`E2ECluster` runs unchanged on both; see tests/e2e/README.md.
+Two implementations: ``tests/e2e/lab.py`` (the kernel lab: namespaces, the real control plane,
+Nodes and Pods registered as a kubelet would, ``ipvsproxy run`` per node) and
+``tests/e2e/real.py`` (a real cluster reached through ``--e2e-kubeconfig``, ipvsproxy already
+deployed on it). A test written against :class:`E2ECluster` runs unchanged on both; see
+tests/e2e/README.md.
 
 Backends are echo servers (``lab/echo.py``): every request gets one JSON line back naming the
 pod that answered (``pod``), the protocol, the client address the pod saw (``client``) and the

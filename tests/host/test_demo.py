@@ -37,7 +37,8 @@ def test_the_demo_shows_ipvsproxy_at_work() -> None:
     # Progress: each long step announced, and timed when it ends.
     for step in (
         "==> Booting the lab kernel",
-        "==> Starting the lab API server",
+        "==> Starting the real control plane",
+        "==> Registering the 6 Pods of app.yaml",
         "==> Starting ipvsproxy run on node-1, node-2, node-3",
         "==> Waiting for the first sync of ipvsproxy on every node",
         "==> Sending traffic",
