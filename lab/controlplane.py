@@ -188,10 +188,11 @@ class ControlPlane:
         official Python client): tests that only need it gone pass a short grace."""
         self._stop("kube-apiserver", grace)
 
-    def stop(self) -> None:
-        """Stop everything and forget etcd's data. Safe to call twice."""
+    def stop(self, grace: float = 3.0) -> None:
+        """Stop everything and forget etcd's data (a lab cluster is thrown away: no reason
+        to wait out kube-apiserver's graceful shutdown). Safe to call twice."""
         for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
-            self._stop(name)
+            self._stop(name, grace)
         for log in self._logs.values():
             log.close()
         self._logs.clear()

@@ -237,7 +237,7 @@ def test_outage_compaction_health_checks_and_cleanup(
         # after the daemons' last resourceVersion, so their watches resume at a version that is
         # gone (410) and must relist. A Service made after the restart must then be programmed.
         cp = kube.controlplane
-        cp.stop_apiserver()
+        cp.stop_apiserver(grace=3)
         cp.compact()
         time.sleep(8)
         cp.start_apiserver()
