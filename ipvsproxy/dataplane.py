@@ -55,6 +55,7 @@ from ipvsproxy.model import (
     ServiceKey,
     VirtualServer,
 )
+from ipvsproxy.nodeaddrs import local_addresses
 from ipvsproxy.plan import EMPTY, NodeFacts, PlanConfig, ServicePlan, plan_service
 from ipvsproxy.retry import Failure, Failures
 from ipvsproxy.statefile import State, StateFile
@@ -388,20 +389,31 @@ class Dataplane:
             return value
 
         want_vs, want_rs = self.desired.virtual_servers, self.desired.real_servers
-
-        def read_services() -> dict[ServiceKey, VirtualServer]:
-            services = adopt_services(want_vs, self.b.ipvs.each_service())
-            self._own(services)
-            return services
-
         no_services: dict[ServiceKey, VirtualServer] = {}
-        services = read("ipvs", "IPVS", read_services, no_services)
+        services = read(
+            "ipvs", "IPVS", lambda: adopt_services(want_vs, self.b.ipvs.each_service()), no_services
+        )
         no_addresses: set[str] = set()
         bound = read(
             "addresses",
             "kube-ipvs0",
             lambda: adopt_members(self.desired.bind_refs.keys(), self.b.addresses.bound()),
             no_addresses,
+        )
+        # Read before anything is written: the NodePort sets as the node's previous proxy
+        # left them tell its NodePort virtual servers (``_own``).
+        members: dict[str, set[str]] = read(
+            "ipsets",
+            "ipsets",
+            lambda: adopt_member_parts(self.desired.member_keys, self.b.ipsets.each_part()),
+            {},
+        )
+        no_local: frozenset[str] = frozenset()
+        self._own(
+            services,
+            bound,
+            members,
+            lambda what: read("addresses", what, self._local_addresses, no_local),
         )
         watched = sorted(
             k
@@ -412,12 +424,6 @@ class Dataplane:
             "ipvs",
             "IPVS",
             lambda: {k: adopt_dests(want_rs.get(k, {}), self.b.ipvs.dests(k)) for k in watched},
-            {},
-        )
-        members: dict[str, set[str]] = read(
-            "ipsets",
-            "ipsets",
-            lambda: adopt_member_parts(self.desired.member_keys, self.b.ipsets.each_part()),
             {},
         )
         if "ipsets" not in unread:
@@ -431,7 +437,7 @@ class Dataplane:
         """Create our sets that are missing, one at a time: one the kernel cannot create (a
         set type it lacks) is reported and stays out of ``members``; its members then fail
         the Services that want them."""
-        for name in sorted(S.NAMES - members.keys()):
+        for name in sorted(S.UPSTREAM_NAMES - members.keys()):
             try:
                 self.b.ipsets.ensure(members.keys(), [name])
             except Exception as exc:
@@ -448,14 +454,43 @@ class Dataplane:
             self.kernel_problems[what] = message
             result.errors.append(message)
 
-    def _own(self, services: Collection[ServiceKey]) -> None:
+    def _own(
+        self,
+        services: Collection[ServiceKey],
+        bound: Collection[str],
+        members: Mapping[str, Collection[str]],
+        read_local: Callable[[str], Collection[str]],
+    ) -> None:
         """Ours, of the kernel's virtual ``services``: those the state file names (keys
-        recorded before a write that never happened go), and those the Services want (their
+        recorded before a write that never happened go), those the Services want (their
         real servers are programmed as ours anyway; a lost or unreadable state file, or a
-        node taken over from kube-proxy, must not leave them behind once unwanted)."""
+        node taken over from kube-proxy, must not leave them behind once unwanted), and those
+        on a node address whose port the kernel's NodePort set of upstream's name records
+        (``ipsets.recorded_node_ports``: kube-proxy's NodePorts on a node taken over, also
+        of Services deleted meanwhile). Those on kube-ipvs0 are ours by the device."""
         ours, want = self.state.virtual_servers, self.desired.virtual_servers
         ours.intersection_update(services)
         ours.update(k for k in want if k in services and not self._excluded(k.address))
+        others = [
+            k
+            for k in services
+            if k not in ours and k.address not in bound and not self._excluded(k.address)
+        ]
+        if not others or not any(members.get(n) for n in S.NODE_PORT_SET.values()):
+            return
+        found = S.recorded_node_ports(others, members, read_local("node addresses"))
+        if found:
+            log.info(
+                "adopting %d NodePort virtual servers on node addresses that the NodePort "
+                "ipsets record (the node's previous proxy's): %s",
+                len(found),
+                ", ".join(f"{k.protocol} {k.address}:{k.port}" for k in sorted(found)),
+            )
+            ours.update(found)
+
+    def _local_addresses(self) -> frozenset[str]:
+        """The node's addresses but kube-ipvs0's and loopback (upstream's nodeAddressSet)."""
+        return local_addresses(self.b.addresses.indexed(), self.b.addresses.device_index())
 
     def _same_rules(self) -> str | None:
         """The rendered rules if our chains are as we last wrote them (same rendering, same

@@ -6,7 +6,10 @@ runbooks still apply on a node that runs ipvsproxy.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+
+from ipvsproxy.model import ServiceKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,3 +116,38 @@ SPECS: tuple[IPSetSpec, ...] = (
 
 BY_NAME = {s.name: s for s in SPECS}
 NAMES = frozenset(BY_NAME)
+
+# The sets upstream kube-proxy's IPVS mode creates at every sync, so ipvsproxy creates them
+# at its first: every one but KUBE-NO-LOCAL-ENDPOINTS, which is created when it first gets a
+# member (a node handed back to kube-proxy keeps no set kube-proxy does not know, unless one
+# was used; deploy/README.md says how to remove it then).
+UPSTREAM_NAMES = NAMES - {NO_LOCAL_ENDPOINTS}
+
+# Where upstream records every NodePort it programs (also those with externalTrafficPolicy
+# Local): the port of a TCP or UDP one in a bitmap:port set, node address and port of an SCTP
+# one in a hash:ip,port set. ipvsproxy's plan records them the same way.
+NODE_PORT_SET = {"TCP": NODE_PORT_TCP, "UDP": NODE_PORT_UDP, "SCTP": NODE_PORT_SCTP}
+
+
+def node_port_entry(key: ServiceKey) -> str:
+    """The entry of ``NODE_PORT_SET[key.protocol]`` that records a NodePort virtual server."""
+    if key.protocol == "SCTP":
+        return f"{key.address},sctp:{key.port}"
+    return str(key.port)
+
+
+def recorded_node_ports(
+    keys: Iterable[ServiceKey], members: Mapping[str, Collection[str]], local: Collection[str]
+) -> list[ServiceKey]:
+    """The virtual servers among ``keys`` that have the shape of a NodePort's as upstream
+    kube-proxy (IPVS mode) or ipvsproxy programs it: on an address of the node (``local``:
+    not kube-ipvs0's, not loopback), its protocol and port recorded in the kernel's NodePort
+    set of upstream's name (``members``, as read from the kernel). Such a one is a NodePort of
+    the proxy the node had before, never someone else's: taking over the node from kube-proxy,
+    or a Service deleted while no proxy ran, it is adopted (kept if wanted, else deleted)."""
+    return [
+        k
+        for k in keys
+        if k.address in local
+        and node_port_entry(k) in members.get(NODE_PORT_SET.get(k.protocol, ""), ())
+    ]

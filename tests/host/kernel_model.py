@@ -168,9 +168,13 @@ class ModelAddresses(Addresses):
         self.model = ModelSocket()
         super().__init__(sock=self.model)  # type: ignore[arg-type]
         self.addresses: set[str] = set()
+        self.node_addresses: list[tuple[int, str]] = []  # (ifindex, address) off the device
 
     def ensure_device(self) -> int:
         return 1000
+
+    def indexed(self) -> list[tuple[int, str]]:
+        return [*self.node_addresses, *((1000, a) for a in sorted(self.addresses))]
 
     def device_index(self) -> int | None:
         return 1000
