@@ -518,10 +518,11 @@ def test_config_path_must_be_the_mounted_key(tmp_path: Path) -> None:
 # -- the entrypoint ----------------------------------------------------------------------------
 
 
-def test_entrypoint_passes_shellcheck() -> None:
+@pytest.mark.parametrize("script", [ENTRYPOINT, DEPLOY / "remove-kube-proxy-ipv6.sh"])
+def test_scripts_pass_shellcheck(script: Path) -> None:
     assert SHELLCHECK.exists(), f"{SHELLCHECK} is missing (apt-get install shellcheck)"
     proc = subprocess.run(
-        [str(SHELLCHECK), "--shell=sh", "--severity=style", str(ENTRYPOINT)],
+        [str(SHELLCHECK), "--shell=sh", "--severity=style", str(script)],
         capture_output=True,
         text=True,
         timeout=60,
