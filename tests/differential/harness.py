@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from lab import netns, peers
-from lab.kube import LabKube, http_get_from
+from lab.kube import LabKube, http_get_from, sync_count
 from lab.kubelet import MERGE_PATCH, LabPod
 from lab.topology import Cluster, Node
 from tests.differential import compare, corpus
@@ -47,6 +47,13 @@ def facts(cluster: Cluster, node: Node) -> NodeFacts:
     )
 
 
+class PodState(NamedTuple):
+    ip: str
+    ready: bool
+    terminating: bool
+    selected: bool  # labelled for its Service's selector
+
+
 @dataclass
 class Snapshot:
     """What one node's proxy programmed, normalised."""
@@ -65,6 +72,9 @@ class DiffLab:
         self.upstream_node = cluster.node(UPSTREAM_NODE)
         self.our_node = cluster.node(OUR_NODE)
         self.peer: peers.Peer | None = None
+        # What the API should say: shape -> Pod name -> its state (what the EndpointSlice
+        # controller must have written before the proxies are compared).
+        self.model: dict[str, dict[str, PodState]] = {}
 
     # Set-up -----------------------------------------------------------------------------
 
@@ -97,7 +107,8 @@ class DiffLab:
             self.cluster.exec(self.cluster.external.netns, "ip", "route", "del", route, check=False)
 
     def logs(self) -> str:
-        return (self.peer.logs() if self.peer else "") + "\n" + self.kube.logs()
+        upstream = self.peer.logs(tail=200_000) if self.peer else ""
+        return f"--- kube-proxy ---\n{upstream}\n{self.kube.logs()}"
 
     def check_running(self) -> None:
         if self.peer is not None and not self.peer.running():
@@ -119,29 +130,63 @@ class DiffLab:
             if s.ingress:
                 body = {"status": {"loadBalancer": {"ingress": list(s.ingress)}}}
                 self.cp.call("PATCH", f"{path}/{s.name}/status", body, content_type=MERGE_PATCH)
+            self.model[s.name] = {}
             for p in s.pods:
                 self.add_pod(s, p)
 
-    def add_pod(self, s: corpus.Shape, p: corpus.PodSpec, labels: Mapping[str, str] = {}) -> None:
+    def add_pod(self, s: corpus.Shape, p: corpus.PodSpec) -> None:
         lab_pod = self.cluster.pod(p.lab_pod())
+        self.model[s.name][s.pod_name(p)] = PodState(lab_pod.ip, p.ready, False, True)
         self.kube.kubelets.add_pod(
             LabPod(
                 s.pod_name(p),
                 corpus.NAMESPACE,
                 lab_pod.node,
                 lab_pod.ip,
-                {"shape": s.name, **labels},
+                {"shape": s.name},
                 {"echo": corpus.ECHO_PORT, "echo-udp": corpus.ECHO_PORT},
                 ready=p.ready,
                 protocols={"echo-udp": "UDP"},
             )
         )
         if p.terminating:
-            self.terminate(s.pod_name(p))
+            self.terminate(s.name, s.pod_name(p))
 
-    def terminate(self, pod: str) -> None:
+    # Live changes, each through the API as a kubelet or an operator makes it.
+
+    def terminate(self, shape: str, pod: str) -> None:
         """Deleted with a grace period no kubelet ends: it stays terminating."""
         self.kube.kubelets.remove_pod(corpus.NAMESPACE, pod, grace_seconds=3600)
+        self.model[shape][pod] = self.model[shape][pod]._replace(terminating=True)
+
+    def select(self, shape: str, pod: str, selected: bool) -> None:
+        """Scale by label: the pod joins (or leaves) its Service's selector."""
+        value = shape if selected else None
+        self.kube.kubelets.update_labels({(corpus.NAMESPACE, pod): {"shape": value}})
+        self.model[shape][pod] = self.model[shape][pod]._replace(selected=selected)
+
+    def set_ready(self, shape: str, pod: str, ready: bool) -> None:
+        self.kube.kubelets.set_ready(corpus.NAMESPACE, pod, ready)
+        self.model[shape][pod] = self.model[shape][pod]._replace(ready=ready)
+
+    def delete_pod(self, shape: str, pod: str) -> None:
+        self.kube.kubelets.remove_pod(corpus.NAMESPACE, pod, grace_seconds=0)
+        del self.model[shape][pod]
+
+    def delete_service(self, shape: str) -> None:
+        path = f"/api/v1/namespaces/{corpus.NAMESPACE}/services/{shape}"
+        self.cp.call("DELETE", path)
+        for pod in list(self.model[shape]):
+            self.delete_pod(shape, pod)
+        del self.model[shape]
+
+    def expected_endpoints(self) -> dict[str, list[tuple[str, bool, bool]]]:
+        """Per Service with a selector: (address, serving, terminating) of its endpoints."""
+        return {
+            shape: sorted((p.ip, p.ready, p.terminating) for p in pods.values() if p.selected)
+            for shape, pods in self.model.items()
+            if corpus.shape(shape).spec.get("type") != "ExternalName"
+        }
 
     def services(self) -> list[dict[str, Any]]:
         out = self.cp.call("GET", f"/api/v1/namespaces/{corpus.NAMESPACE}/services")
@@ -169,22 +214,29 @@ class DiffLab:
         ]
         return found
 
-    def wait_slices(self, expected: Mapping[str, int], timeout: float = 60.0) -> None:
-        """Until the EndpointSlice controller has written ``expected[service]`` endpoints
-        (any condition) for every Service named there."""
+    def wait_slices(self, timeout: float = 60.0) -> None:
+        """Until the EndpointSlice controller has written what :attr:`model` says (address,
+        serving, terminating of every endpoint) for every Service with a selector."""
+        path = f"/apis/discovery.k8s.io/v1/namespaces/{corpus.NAMESPACE}/endpointslices"
+        expected = self.expected_endpoints()
 
-        def counts() -> dict[str, int]:
-            path = f"/apis/discovery.k8s.io/v1/namespaces/{corpus.NAMESPACE}/endpointslices"
-            found: dict[str, int] = {}
+        def found() -> dict[str, list[tuple[str, bool, bool]]]:
+            out: dict[str, list[tuple[str, bool, bool]]] = {k: [] for k in expected}
             for sl in self.cp.call("GET", path)["items"]:
                 svc = sl["metadata"].get("labels", {}).get("kubernetes.io/service-name", "")
-                found[svc] = found.get(svc, 0) + len(sl.get("endpoints") or [])
-            return found
+                for ep in sl.get("endpoints") or []:
+                    cond = ep.get("conditions") or {}
+                    serving = bool(cond.get("serving", cond.get("ready", True)))
+                    for addr in ep["addresses"]:
+                        out.setdefault(svc, []).append(
+                            (addr, serving, bool(cond.get("terminating", False)))
+                        )
+            return {k: sorted(v) for k, v in out.items()}
 
         deadline = time.monotonic() + timeout
         while True:
-            found = counts()
-            wrong = {k: (v, found.get(k, 0)) for k, v in expected.items() if found.get(k, 0) != v}
+            now = found()
+            wrong = {k: (v, now.get(k)) for k, v in expected.items() if now.get(k) != v}
             if not wrong:
                 return
             if time.monotonic() > deadline:
@@ -201,6 +253,15 @@ class DiffLab:
         """Until each node satisfies ``ready`` and reads the same twice ``pause`` apart (each
         proxy has applied what the API says): then the differences between them."""
         deadline = time.monotonic() + timeout
+        # Each proxy syncs twice after the API said what the step did: the second sync began
+        # after it (upstream's minimum and periodic syncs bound the wait: 100 ms, 10 s).
+        nodes = (self.upstream_node, self.our_node)
+        start = {n.name: sync_count(n) for n in nodes}
+        while not all(sync_count(n) >= start[n.name] + 2 for n in nodes):
+            self.check_running()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the proxies did not sync twice: {start}")
+            time.sleep(0.5)
         last: tuple[Snapshot, Snapshot] | None = None
         while True:
             self.check_running()
