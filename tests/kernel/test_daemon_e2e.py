@@ -13,18 +13,28 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lab import netns
-from lab.kube import LabKube, healthz, http_get_from, metrics, sync_count, wait_for
-from lab.topology import Cluster, Node
+from lab.kube import (
+    APISERVER_PORT,
+    LabKube,
+    healthz,
+    http_get_from,
+    metrics,
+    sync_count,
+    wait_for,
+)
+from lab.topology import UNDERLAY_BRIDGE, Cluster, Node
 
 pytestmark = pytest.mark.kernel
 
@@ -45,6 +55,19 @@ def kube(lab_cluster: Cluster, tmp_path: Path) -> Iterator[LabKube]:
     finally:
         print(lab.logs())  # shown with a failure's report
         lab.stop(cleanup=True)
+
+
+@contextmanager
+def nodes_cut_off_from_the_api() -> Iterator[None]:
+    """New connections from the nodes to kube-apiserver are refused (a TCP reset, as from a
+    stopped server) until the block ends; the test itself still reaches the server over lo."""
+    rule = ["INPUT", "-i", UNDERLAY_BRIDGE, "-p", "tcp", "--dport", str(APISERVER_PORT)]
+    rule += ["--syn", "-j", "REJECT", "--reject-with", "tcp-reset"]
+    subprocess.run(["iptables", "-I", *rule], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["iptables", "-D", *rule], check=True)
 
 
 def slice_body(name: str, pods: list[Any]) -> dict[str, Any]:
@@ -171,6 +194,10 @@ def _tables(save: str) -> str:
     return "\n".join(out)
 
 
+def ipvs_rules(cluster: Cluster, node: Node) -> str:
+    return cluster.exec(node.netns, "ipvsadm", "-Sn").stdout
+
+
 def node_dump(cluster: Cluster, node: Node) -> str:
     cmd = "ipvsadm -Sn; ipset list -n | sort; ip -o link | sed 's/^[0-9]*: //' | cut -d' ' -f1-2"
     return cluster.exec(node.netns, "sh", "-c", cmd).stdout + _tables(
@@ -222,6 +249,21 @@ def test_outage_compaction_health_checks_and_cleanup(
             json.loads(http_get_from(ext.netns, f"http://{n2.ip}:{hc}/")[1])["localEndpoints"] == 0
         )
 
+        core.create_namespaced_service(
+            "default",
+            {
+                "metadata": {"name": "old"},
+                "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+            },
+        )
+        old_ip = core.read_namespaced_service("old", "default").spec.cluster_ip
+        disc.create_namespaced_endpoint_slice("default", slice_body("old", [n1.pods[1]]))
+        wait_for(
+            lambda: all(f"{old_ip}:80" in ipvs_rules(lab_cluster, n) for n in lab_cluster.nodes),
+            60,
+            "the Service to delete during the outage, on every node",
+        )
+
         def traffic() -> None:
             while not stop.is_set():
                 try:
@@ -235,12 +277,20 @@ def test_outage_compaction_health_checks_and_cleanup(
         # kube-apiserver goes away for longer than a watch request lasts (--watch-timeout 3s)
         # and etcd's history is compacted meanwhile: the restarted server's watch cache starts
         # after the daemons' last resourceVersion, so their watches resume at a version that is
-        # gone (410) and must relist. A Service made after the restart must then be programmed.
+        # gone (410) and must relist. The nodes reach the restarted server only once its
+        # /readyz passes, as behind an HA cluster's load balancer: a lone server that is still
+        # filling its RBAC caches answers 403, and a list after a 403 reads the latest state
+        # without ever meeting the 410 (that path: tests/host/test_informer_retries.py).
+        # A Service deleted while the nodes are cut off must go from every node, and a Service
+        # made afterwards must be programmed.
         cp = kube.controlplane
-        cp.stop_apiserver(grace=3)
-        cp.compact()
-        time.sleep(8)
-        cp.start_apiserver()
+        with nodes_cut_off_from_the_api():
+            cp.stop_apiserver(grace=3)
+            cp.compact()
+            time.sleep(8)
+            cp.start_apiserver()  # returns once /readyz answers 200
+            core.delete_namespaced_service("old", "default")
+            disc.delete_namespaced_endpoint_slice("old-1", "default")
         core.create_namespaced_service(
             "default",
             {
@@ -250,10 +300,21 @@ def test_outage_compaction_health_checks_and_cleanup(
         )
         late_ip = core.read_namespaced_service("late", "default").spec.cluster_ip
         disc.create_namespaced_endpoint_slice("default", slice_body("late", [n2.pods[1]]))
+        # Through the outage each informer's backoff grew to client-go's cap, 30 s plus up to
+        # 100% jitter; as client-go's reflector, it waits one backoff before its next watch and
+        # another before the relist that follows the 410: the bounds allow for both and a sync, on
+        # every node.
         wait_for(
             lambda: netns.tcp_request(n1.pods[1].netns, late_ip, 80, timeout=2)["pod"] == "pod-2-2",
-            60,
+            150,
             "a change after the restart",
+        )
+        wait_for(
+            lambda: all(
+                f"{old_ip}:80" not in ipvs_rules(lab_cluster, n) for n in lab_cluster.nodes
+            ),
+            150,
+            "the Service deleted during the outage removed from every node",
         )
         stop.set()
         t.join(timeout=10)
