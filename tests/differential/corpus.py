@@ -159,7 +159,9 @@ SHAPES: tuple[Shape, ...] = (
             "type": "NodePort",
             "ports": list(HTTP),
             "sessionAffinity": "ClientIP",
-            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}},
+            # Not the default (10800), and longer than the test: an affinity that expired
+            # between two of a probe's requests would show a second pod by timing alone.
+            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 3600}},
         },
         pods=REMOTE,
         note="remote endpoints only: which one a client sticks to is the scheduler's choice, "

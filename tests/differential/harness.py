@@ -14,6 +14,7 @@ import errno
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -31,6 +32,8 @@ OUR_NODE = "node-3"
 EXTERNAL_ROUTES = ("203.0.113.0/24", "192.0.2.0/24")
 REQUEST_TIMEOUT = 1.5
 REQUESTS = 8  # more than the most endpoints a shape has (6), so rr shows every one
+PROBE_WORKERS = 8
+ICMP_RATEMASK = "net.ipv4.icmp_ratemask"
 
 
 def facts(cluster: Cluster, node: Node) -> NodeFacts:
@@ -75,10 +78,17 @@ class DiffLab:
         # What the API should say: shape -> Pod name -> its state (what the EndpointSlice
         # controller must have written before the proxies are compared).
         self.model: dict[str, dict[str, PodState]] = {}
+        self.icmp_ratemask: dict[str, str] = {}  # each compared node's, to restore
 
     # Set-up -----------------------------------------------------------------------------
 
     def start(self) -> None:
+        # ICMP errors (a pod's packet to an address its node cannot route) are sent at every
+        # probe, not as the rate limit lets them: otherwise probes side by side make one
+        # node's answer "timeout" and the other's "unreachable" by timing alone.
+        for node in (self.upstream_node, self.our_node):
+            self.icmp_ratemask[node.name] = netns.read_sysctl(node.netns, ICMP_RATEMASK)
+            netns.write_sysctl(node.netns, ICMP_RATEMASK, "0")
         kube = self.kube
         kube.start_apiserver()
         kube.start_controller([])
@@ -105,6 +115,8 @@ class DiffLab:
         peers.kube_proxy_cleanup(self.upstream_node.netns)
         for route in EXTERNAL_ROUTES:
             self.cluster.exec(self.cluster.external.netns, "ip", "route", "del", route, check=False)
+        for name, mask in self.icmp_ratemask.items():
+            netns.write_sysctl(self.cluster.node(name).netns, ICMP_RATEMASK, mask)
 
     def logs(self) -> str:
         upstream = self.peer.logs(tail=200_000) if self.peer else ""
@@ -330,34 +342,45 @@ def member_owner(key: str, owners: Mapping[str, str]) -> str:
 
 
 def probe_node(cluster: Cluster, node: Node, services: list[dict[str, Any]]) -> dict[str, object]:
+    """Every probe of ``services`` through ``node``. Services are probed side by side, each
+    one's probes one after another: a virtual server's scheduler and affinity see one probe's
+    requests at a time, as in a sequential run, and no two Services share a virtual server."""
     f = facts(cluster, node)
     vantage = {"pod": node.pods[0].netns, "node": node.netns, "external": cluster.external.netns}
+    ordered = sorted(services, key=lambda s: str(s["metadata"]["name"]))
+    with ThreadPoolExecutor(PROBE_WORKERS) as pool:
+        parts = pool.map(lambda svc: probe_service(svc, node, vantage, f), ordered)
+        return {key: outcome for part in parts for key, outcome in part.items()}
+
+
+def probe_service(
+    svc: dict[str, Any], node: Node, vantage: Mapping[str, str], f: NodeFacts
+) -> dict[str, object]:
     out: dict[str, object] = {}
-    for svc in sorted(services, key=lambda s: str(s["metadata"]["name"])):
-        name, spec = svc["metadata"]["name"], svc["spec"]
-        if spec.get("type") == "ExternalName":
-            continue
-        sticky = spec.get("sessionAffinity") == "ClientIP"
-        ingress = svc.get("status", {}).get("loadBalancer", {}).get("ingress") or []
-        for p in spec.get("ports") or []:
-            proto, label = p.get("protocol", "TCP"), p.get("name") or str(p["port"])
-            targets: list[tuple[str, str, int, tuple[str, ...]]] = []
-            if spec.get("clusterIP") not in (None, "None"):
-                targets.append(("clusterIP", spec["clusterIP"], p["port"], ("pod", "node")))
-            if p.get("nodePort"):
-                targets.append(("nodePort", node.ip, p["nodePort"], ("pod", "node", "external")))
-                targets.append(("nodePort@bridge", node.gateway, p["nodePort"], ("pod",)))
-            for ip in spec.get("externalIPs") or []:
-                targets.append(("externalIP", ip, p["port"], ("pod", "node", "external")))
-            for ing in ingress:
-                targets.append(("loadBalancer", ing["ip"], p["port"], ("pod", "node", "external")))
-            for kind, ip, number, sources in targets:
-                for src in sources:
-                    key = f"{name}/{label} {proto} {kind} from {src}"
-                    out[key] = observe(vantage[src], proto, ip, number, f, sticky)
-        if spec.get("healthCheckNodePort"):
-            url = f"http://{node.ip}:{spec['healthCheckNodePort']}/"
-            out[f"{name} healthCheckNodePort from external"] = health(vantage["external"], url)
+    name, spec = svc["metadata"]["name"], svc["spec"]
+    if spec.get("type") == "ExternalName":
+        return out
+    sticky = spec.get("sessionAffinity") == "ClientIP"
+    ingress = svc.get("status", {}).get("loadBalancer", {}).get("ingress") or []
+    for p in spec.get("ports") or []:
+        proto, label = p.get("protocol", "TCP"), p.get("name") or str(p["port"])
+        targets: list[tuple[str, str, int, tuple[str, ...]]] = []
+        if spec.get("clusterIP") not in (None, "None"):
+            targets.append(("clusterIP", spec["clusterIP"], p["port"], ("pod", "node")))
+        if p.get("nodePort"):
+            targets.append(("nodePort", node.ip, p["nodePort"], ("pod", "node", "external")))
+            targets.append(("nodePort@bridge", node.gateway, p["nodePort"], ("pod",)))
+        for ip in spec.get("externalIPs") or []:
+            targets.append(("externalIP", ip, p["port"], ("pod", "node", "external")))
+        for ing in ingress:
+            targets.append(("loadBalancer", ing["ip"], p["port"], ("pod", "node", "external")))
+        for kind, ip, number, sources in targets:
+            for src in sources:
+                key = f"{name}/{label} {proto} {kind} from {src}"
+                out[key] = observe(vantage[src], proto, ip, number, f, sticky)
+    if spec.get("healthCheckNodePort"):
+        url = f"http://{node.ip}:{spec['healthCheckNodePort']}/"
+        out[f"{name} healthCheckNodePort from external"] = health(vantage["external"], url)
     return out
 
 

@@ -9,6 +9,7 @@ start in the guest); the whole corpus at once, then the same corpus changed thro
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,10 +70,15 @@ def compare_all(lab: DiffLab, title: str) -> tuple[list[Difference], set[str]]:
     def ready(snap: Snapshot) -> bool:
         return keys <= set(snap.ipvs)
 
+    began = time.monotonic()
     diffs = lab.wait_settled(services, ready)
+    settled = time.monotonic()
     up, ours = lab.traffic(services)
     diffs += compare.diff_traffic(up, ours, lambda probe: probe.partition("/")[0].split()[0])
-    print(f"== {title}: {len(up)} probes per node")
+    print(
+        f"== {title}: settled in {settled - began:.1f} s; {len(up)} probes per node "
+        f"in {time.monotonic() - settled:.1f} s"
+    )
     for probe in sorted(up):
         print(
             f"   {probe}: {up[probe]!r}"
