@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -177,7 +178,14 @@ def test_apiserver_command_serves_and_writes_a_kubeconfig(tmp_path: Path) -> Non
         api.create_namespaced_service(
             "default", {"metadata": {"name": "a"}, "spec": {"ports": [{"port": 80}]}}
         )
-        names = [s.metadata.name for s in api.list_namespaced_service("default").items]
+        # kube-apiserver creates its own "kubernetes" Service shortly after /readyz, not
+        # before it: wait for both.
+        deadline = time.monotonic() + 30
+        while True:
+            names = [s.metadata.name for s in api.list_namespaced_service("default").items]
+            if sorted(names) == ["a", "kubernetes"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         assert sorted(names) == ["a", "kubernetes"]
     finally:
         proc.terminate()
