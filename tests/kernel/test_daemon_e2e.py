@@ -70,6 +70,18 @@ def nodes_cut_off_from_the_api() -> Iterator[None]:
         subprocess.run(["iptables", "-D", *rule], check=True)
 
 
+def http_service(core: Any, disc: Any, name: str, pod: Any) -> str:
+    """A selectorless ClusterIP Service on port 80 with ``pod`` as its one endpoint (8080):
+    its ClusterIP."""
+    body = {
+        "metadata": {"name": name},
+        "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+    }
+    core.create_namespaced_service("default", body)
+    disc.create_namespaced_endpoint_slice("default", slice_body(name, [pod]))
+    return str(core.read_namespaced_service(name, "default").spec.cluster_ip)
+
+
 def slice_body(name: str, pods: list[Any]) -> dict[str, Any]:
     """A hand-written slice, for a Service without a selector."""
     return {
@@ -249,15 +261,7 @@ def test_outage_compaction_health_checks_and_cleanup(
             json.loads(http_get_from(ext.netns, f"http://{n2.ip}:{hc}/")[1])["localEndpoints"] == 0
         )
 
-        core.create_namespaced_service(
-            "default",
-            {
-                "metadata": {"name": "old"},
-                "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
-            },
-        )
-        old_ip = core.read_namespaced_service("old", "default").spec.cluster_ip
-        disc.create_namespaced_endpoint_slice("default", slice_body("old", [n1.pods[1]]))
+        old_ip = http_service(core, disc, "old", n1.pods[1])
         wait_for(
             lambda: all(f"{old_ip}:80" in ipvs_rules(lab_cluster, n) for n in lab_cluster.nodes),
             60,
@@ -291,15 +295,7 @@ def test_outage_compaction_health_checks_and_cleanup(
             cp.start_apiserver()  # returns once /readyz answers 200
             core.delete_namespaced_service("old", "default")
             disc.delete_namespaced_endpoint_slice("old-1", "default")
-        core.create_namespaced_service(
-            "default",
-            {
-                "metadata": {"name": "late"},
-                "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
-            },
-        )
-        late_ip = core.read_namespaced_service("late", "default").spec.cluster_ip
-        disc.create_namespaced_endpoint_slice("default", slice_body("late", [n2.pods[1]]))
+        late_ip = http_service(core, disc, "late", n2.pods[1])
         # Through the outage each informer's backoff grew to client-go's cap, 30 s plus up to
         # 100% jitter; as client-go's reflector, it waits one backoff before its next watch and
         # another before the relist that follows the 410: the bounds allow for both and a sync, on
