@@ -25,10 +25,10 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 	touch $@
 
 # Upstream etcd, kube-apiserver, kube-controller-manager, kube-proxy and kube-router for the lab,
-# built from the Go modules in lab/upstream/ into a cache outside the repository
+# built from the Go modules in lab/cluster/upstream/ into a cache outside the repository
 # (~/.cache/ipvsproxy-lab, or $$IPVSPROXY_LAB_CACHE): built once, then found there.
 upstream: $(STAMP)
-	$(PY) -m lab.upstream
+	$(PY) -m lab.cluster.upstream
 
 setup: $(APT_STAMP) $(STAMP) upstream
 

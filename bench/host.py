@@ -38,20 +38,21 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench import synthetic
-from ipvsproxy import gcpolicy, rules
-from ipvsproxy import ipsets as S
-from ipvsproxy.backends.addresses import Addresses
-from ipvsproxy.backends.errors import Counters
-from ipvsproxy.backends.ipset import IPSets
-from ipvsproxy.backends.iptables import Observed
-from ipvsproxy.backends.ipvs import IPVS
-from ipvsproxy.backends.sysctl import Sysctls, required
-from ipvsproxy.dataplane import Backends, Dataplane, SyncResult
-from ipvsproxy.model import DestKey, Seen, ServiceKey
-from ipvsproxy.netlink import codec
-from ipvsproxy.netlink.sock import Outcome
-from ipvsproxy.plan import NodeFacts
-from ipvsproxy.rules import Jump
+from ipvsproxy.core import ipset_specs
+from ipvsproxy.core import ruleset as rules
+from ipvsproxy.core.plan import NodeFacts
+from ipvsproxy.core.ruleset import Jump
+from ipvsproxy.core.virtual_servers import DestKey, Seen, ServiceKey
+from ipvsproxy.dataplane.dataplane import Backends, Dataplane, SyncResult
+from ipvsproxy.kernel.addresses import Addresses
+from ipvsproxy.kernel.errors import Counters
+from ipvsproxy.kernel.ipset import IPSets
+from ipvsproxy.kernel.iptables import Observed
+from ipvsproxy.kernel.ipvs import IPVS
+from ipvsproxy.kernel.netlink import codec
+from ipvsproxy.kernel.netlink.sock import Outcome
+from ipvsproxy.kernel.sysctl import Sysctls, required
+from ipvsproxy.process import gc_tuning as gcpolicy
 
 NODE_IP = "192.168.56.11"
 NODE = NodeFacts(
@@ -117,7 +118,7 @@ class HostIPSets(IPSets):
     """Every set exists, empty (their creation is not the hot path)."""
 
     def each_part(self) -> Iterator[tuple[str, list[str]]]:
-        return ((name, []) for name in S.NAMES)
+        return ((name, []) for name in ipset_specs.NAMES)
 
 
 class HostAddresses(Addresses):
@@ -195,14 +196,14 @@ class Host:
         """Break the reference cycles the clock and the kernel stand-in made: frozen by the
         collector's policy, a cycle would outlive the run."""
         self.ipvs.dataplane = None
-        b = self.dp.b
+        b = self.dp.backends
         for backend in (b.ipvs, b.ipsets, b.addresses):
             del backend.apply
         del self.dp.statefile.save
 
     def phase_clock(self) -> None:
         """Time the backends' apply (encode) and the state file's save apart from the sync."""
-        b = self.dp.b
+        b = self.dp.backends
         for backend in (b.ipvs, b.ipsets, b.addresses):
             backend.apply = Timed(backend.apply, self.seconds, "encode")  # type: ignore[method-assign,assignment]
         sf = self.dp.statefile

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import memory, synthetic
-from ipvsproxy.dataplane import Dataplane, SyncResult
-from lab.topology import Node
-from tests.kernel.dataplane_helpers import NodeDataplane
+from ipvsproxy.dataplane.dataplane import Dataplane, SyncResult
+from lab.net.node_dataplane import NodeDataplane
+from lab.net.topology import Node
 
 NS = "bench-node"
 NODE_IP = "192.168.56.11"

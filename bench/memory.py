@@ -21,7 +21,7 @@ from typing import Any
 
 from bench import synthetic
 from bench.snapshot_api import SnapshotAPI
-from lab import netns
+from lab.net import netns
 
 HEALTHZ = "127.0.0.1:10256"
 METRICS = "127.0.0.1:10249"

@@ -1,6 +1,6 @@
 """A read-only API server that serves one fixed snapshot of a cluster, for ``bench.memory``.
 
-Why not the real kube-apiserver (``lab/controlplane.py``): the memory benchmark needs 5,000
+Why not the real kube-apiserver (``lab/cluster/controlplane.py``): the memory benchmark needs 5,000
 and 10,000 Services with 10 endpoints each in the lab guest, where ``ipvsproxy run`` programs
 IPVS. Measured at 0aa6375 on the 2-core host, the real server took about 107 objects/s
 (Services and EndpointSlices created over HTTPS by 4 clients, 1,000 x 10: 2,000 objects in
@@ -21,7 +21,7 @@ so this serves the snapshot as the real server's watch cache answers an informer
 - ``POST`` of an events.k8s.io/v1 Event: 201, the Event back (not kept).
 
 Anything else is 404. ipvsproxy's behaviour against an API server is tested against the real
-one (tests/host/test_informer.py, tests/e2e, tests/kernel/test_daemon_e2e.py), not this.
+one (tests/unit/test_informer.py, tests/e2e, tests/kernel/test_daemon_e2e.py), not this.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ipvsproxy import config
-from ipvsproxy.backends.sysctl import Sysctls, required
-from ipvsproxy.daemon import conntrack_sysctls
+from ipvsproxy.daemon.proxy import conntrack_sysctls
+from ipvsproxy.kernel.sysctl import Sysctls, required
 
 PREFIX = "ipvsproxy-entrypoint:"
 
@@ -43,7 +43,7 @@ def load_ipvs() -> None:
     """Make the kernel load ip_vs, which creates net/ipv4/vs/*: resolving its generic netlink
     family does it (the module declares the family alias, so the kernel's own modprobe runs;
     no CAP_SYS_MODULE needed)."""
-    from ipvsproxy.backends.ipvs import IPVS
+    from ipvsproxy.kernel.ipvs import IPVS
 
     IPVS().close()
 

@@ -1,7 +1,7 @@
 """The ``ipvsproxy`` command line.
 
 ``run`` and ``cleanup`` take upstream kube-proxy's flags (parsed by ipvsproxy/config.py);
-``status`` has its own (ipvsproxy/statuscli.py).
+``status`` has its own (ipvsproxy/status/command.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def _cmd_version(_args: argparse.Namespace) -> int:
 
 
 def _load(command: str, argv: Sequence[str]) -> ProxyConfigT | None:
-    from ipvsproxy import config, logs
+    from ipvsproxy import config
+    from ipvsproxy.process import logs
 
     if "-h" in argv or "--help" in argv:
         parser = argparse.ArgumentParser(
@@ -51,12 +52,12 @@ def cmd_run(argv: Sequence[str]) -> int:
     cfg = _load("run", argv)
     if cfg is None:
         return 1
-    from ipvsproxy import mallocpolicy
+    from ipvsproxy.process import malloc_tuning
 
     # Before the daemon's imports and lists: what malloc hands out from here on follows it.
-    applied = mallocpolicy.configure()
+    applied = malloc_tuning.configure()
     logging.getLogger("ipvsproxy").debug("malloc settings: %s", applied or "unchanged")
-    from ipvsproxy import daemon
+    from ipvsproxy.daemon import proxy as daemon
 
     return daemon.run(cfg)
 
@@ -66,9 +67,9 @@ def cmd_cleanup(argv: Sequence[str]) -> int:
     cfg = _load("cleanup", argv)
     if cfg is None:
         return 1
-    from ipvsproxy.dataplane import Backends, Dataplane
-    from ipvsproxy.plan import NodeFacts
-    from ipvsproxy.statefile import StateLock, StateLocked
+    from ipvsproxy.core.plan import NodeFacts
+    from ipvsproxy.dataplane.dataplane import Backends, Dataplane
+    from ipvsproxy.dataplane.statefile import StateLock, StateLocked
 
     try:
         lock = StateLock.acquire(Path(cfg.state_path), wait=False)
@@ -98,7 +99,7 @@ def cmd_cleanup(argv: Sequence[str]) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from ipvsproxy import statuscli
+    from ipvsproxy.status import command as statuscli
 
     return statuscli.run(args)
 
@@ -119,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(func=func)
         if name == "status":
-            from ipvsproxy import statuscli
+            from ipvsproxy.status import command as statuscli
 
             statuscli.add_arguments(p)
     return parser

@@ -16,7 +16,7 @@ Where ipvsproxy differs from upstream, on purpose:
   zero, so a stock ConfigMap warns about nothing. Unknown fields are a warning too (upstream
   decodes v1alpha1 leniently and logs them). Upstream-only flags are accepted and warned about,
   except those whose meaning ipvsproxy cannot honour (``--cleanup``, ``--init-only``,
-  ``--write-config-to``). tests/host/test_config_audit.py holds every upstream field and flag
+  ``--write-config-to``). tests/unit/test_config_audit.py holds every upstream field and flag
   to this.
 - The IPVS scheduler must be one the kernel has (rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq,
   mh, fo, ovf, twos; empty means rr).

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lab import guest
-from lab.topology import UNDERLAY_BRIDGE
+from lab.net.topology import UNDERLAY_BRIDGE
+from lab.uml import guest
 
 POD_ECHO_PORT = 8080
 NODE_ECHO_PORT = 9090
@@ -37,8 +37,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_cluster(args: argparse.Namespace) -> int:
-    from lab import netns
-    from lab.topology import Cluster, TopologyError
+    from lab.net import netns
+    from lab.net.topology import Cluster, TopologyError
 
     if not Path("/proc/net/ip_vs").exists():
         print(
@@ -98,8 +98,8 @@ def _cmd_apiserver(args: argparse.Namespace) -> int:
     import signal
     import tempfile
 
-    from lab.controlplane import ControlPlane, ControlPlaneError, free_port
-    from lab.upstream import NotBuilt
+    from lab.cluster.controlplane import ControlPlane, ControlPlaneError, free_port
+    from lab.cluster.upstream import NotBuilt
 
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
@@ -135,8 +135,8 @@ def _cmd_peer(args: argparse.Namespace) -> int:
     import signal
     import tempfile
 
-    from lab import peers
-    from lab.upstream import NotBuilt
+    from lab.cluster import peers
+    from lab.cluster.upstream import NotBuilt
 
     if not Path("/proc/net/ip_vs").exists():
         print("lab peer: this kernel has no IPVS; run it in the lab guest", file=sys.stderr)

@@ -19,8 +19,8 @@ FAULTS: dict[str, str] = {
 
 
 def _drop_real_servers() -> None:
-    from ipvsproxy.backends import ipvs
-    from ipvsproxy.diff import DestOp, OpKind
+    from ipvsproxy.core.diff import DestOp, OpKind
+    from ipvsproxy.kernel import ipvs
 
     original: Callable[..., int] = ipvs.IPVS.apply
 

@@ -3,7 +3,7 @@
 On the host it boots the lab kernel and runs itself inside; inside the guest it builds the
 topology, starts the real control plane (etcd, kube-apiserver, kube-controller-manager),
 registers the lab's Nodes and Pods as a kubelet would, and starts ``ipvsproxy run`` on every
-node (``lab.kube.LabKube``), applies ``lab/demo/app.yaml``, sends traffic from pods,
+node (``lab.cluster.kube.LabKube``), applies ``lab/demo/app.yaml``, sends traffic from pods,
 nodes and the external client and prints who answered and which client address the pod saw,
 then ``ipvsproxy status`` of node-1. Every expectation is checked; the exit status is 0 only if
 all held. ``--inject-fault NAME`` starts the daemons with a broken dataplane (``lab/faults.py``):
@@ -89,7 +89,8 @@ class Probe:
     http: bool = False
 
     def run(self) -> Row:
-        from lab import kube, netns
+        from lab.cluster import kube
+        from lab.net import netns
 
         row = Row(self.source, f"{self.host}:{self.port}", self.service, self.proto)
         answers: list[dict[str, Any] | str] = []
@@ -374,7 +375,7 @@ def probes(topo: Any, dep: Deployed) -> list[Probe]:
 def route_load_balancers(topo: Any, dep: Deployed) -> None:
     """The cloud's load balancers: each ingress address is routed from the external client to
     a node; for externalTrafficPolicy Local, to one whose health check says it has endpoints."""
-    from lab import kube
+    from lab.cluster import kube
 
     for svc in dep.services.values():
         ingress = (svc.status.load_balancer.ingress or []) if svc.status.load_balancer else []
@@ -427,9 +428,9 @@ def traffic_table(rows: Sequence[Row]) -> None:
 
 
 def run_in_guest(fault: str | None) -> int:
-    from lab.kube import LabKube
-    from lab.kubelet import LabPod
-    from lab.topology import Cluster
+    from lab.cluster.kube import LabKube
+    from lab.cluster.kubelet import LabPod
+    from lab.net.topology import Cluster
 
     progress = Progress()
     failures: list[str] = []
@@ -557,7 +558,7 @@ def run_in_guest(fault: str | None) -> int:
 
 
 def run_on_host(fault: str | None, timeout: float) -> int:
-    from lab import guest
+    from lab.uml import guest
 
     start = time.monotonic()
     print("==> Booting the lab kernel (User-Mode Linux)", flush=True)

@@ -4,8 +4,8 @@ applied through the API, and what each node programmed and how its traffic goes.
 
 Both proxies get the same node facts: cluster CIDR 10.244.0.0/16, ``nodePortAddresses`` unset,
 scheduler rr, sync period 10 s and minimum sync period 100 ms, the node's InternalIP from its
-Node object. kube-proxy is configured as kubeadm does (``lab/peers.py``), ipvsproxy as
-``lab/kube.py`` runs it.
+Node object. kube-proxy is configured as kubeadm does (``lab/cluster/peers.py``), ipvsproxy as
+``lab/cluster/kube.py`` runs it.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from lab import netns, peers
-from lab.kube import LabKube, http_get_from, sync_count
-from lab.kubelet import MERGE_PATCH, LabPod
-from lab.topology import Cluster, Node
+from lab.cluster import peers
+from lab.cluster.kube import LabKube, http_get_from, sync_count
+from lab.cluster.kubelet import MERGE_PATCH, LabPod
+from lab.net import netns
+from lab.net.topology import Cluster, Node
 from tests.differential import compare, corpus
 from tests.differential.compare import Difference, NodeFacts
 

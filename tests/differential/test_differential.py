@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.topology import Cluster
+from lab.net.topology import Cluster
 from tests.differential import compare, corpus
 from tests.differential.compare import Difference
 from tests.differential.harness import DiffLab, Snapshot

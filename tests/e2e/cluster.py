@@ -6,7 +6,7 @@ Nodes and Pods registered as a kubelet would, ``ipvsproxy run`` per node) and
 deployed on it). A test written against :class:`E2ECluster` runs unchanged on both; see
 tests/e2e/README.md.
 
-Backends are echo servers (``lab/echo.py``): every request gets one JSON line back naming the
+Backends are echo servers (``lab/net/echo.py``): every request gets one JSON line back naming the
 pod that answered (``pod``), the protocol, the client address the pod saw (``client``) and the
 address it was reached on (``server``).
 """

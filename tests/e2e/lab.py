@@ -1,6 +1,6 @@
 """The kernel lab as an :class:`~tests.e2e.cluster.E2ECluster` (inside the lab guest).
 
-Everything is ``lab.kube.LabKube``: the real control plane (etcd, kube-apiserver,
+Everything is ``lab.cluster.kube.LabKube``: the real control plane (etcd, kube-apiserver,
 kube-controller-manager's EndpointSlice controller) with every lab node a Node and every lab pod
 a Pod, and ``ipvsproxy run`` in every node namespace. A "pod on node-N"
 is that node's last lab pod, "node-N" its node namespace, "external" the underlay namespace that
@@ -14,9 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lab import kube, netns
-from lab.kubelet import LabPod
-from lab.topology import Cluster
+from lab.cluster import kube
+from lab.cluster.kubelet import LabPod
+from lab.net import netns
+from lab.net.topology import Cluster
 from tests.e2e.cluster import Answer, Backend, NodeAddr, Proto, Source, parse_proc_ip_vs, selector
 
 NAMESPACE = "ipvsproxy-e2e"

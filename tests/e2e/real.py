@@ -3,11 +3,11 @@
 ipvsproxy must already run on every node (deploy/). The set-up creates namespace
 ``ipvsproxy-e2e`` (PodSecurity ``privileged``: the node clients use the host network) with
 
-- ConfigMap ``echo``: ``lab/__init__.py``, ``lab/netns.py`` and ``lab/echo.py`` of this checkout
-  and ``pod_echo.py`` (``POD_ECHO`` below), mounted at /opt/lab,
-- per node, echo pods ``echo-<node>-1`` and ``-2`` (image ``python:3.11-slim`` running lab/echo.py
-  on port 8080 for TCP and UDP, pinned with ``nodeName``, tolerating every taint, ready once 8080
-  accepts),
+- ConfigMap ``echo``: ``lab/__init__.py``, ``lab/net/netns.py`` and ``lab/net/echo.py`` of this
+  checkout and ``pod_echo.py`` (``POD_ECHO`` below), mounted at /opt/lab,
+- per node, echo pods ``echo-<node>-1`` and ``-2`` (image ``python:3.11-slim`` running
+  lab/net/echo.py on port 8080 for TCP and UDP, pinned with ``nodeName``, tolerating every taint,
+  ready once 8080 accepts),
 - per node, a client pod ``client-<node>`` (pod network) and ``hostclient-<node>`` (host network),
   both ``python:3.11-slim`` sleeping; requests from them go through ``kubectl exec``,
 
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lab import netns
+from lab.net import netns
 from tests.e2e.cluster import (
     Answer,
     Backend,
@@ -48,13 +48,13 @@ ECHO_PORT = 8080
 ECHO_PER_NODE = 2
 READY_TIMEOUT = 300.0
 
-# The echo pods' entry point (in the ConfigMap beside lab/echo.py): lab/echo.py's server for
-# one pod in its own network namespace. lab/echo.py also serves SCTP; a node whose kernel has
+# The echo pods' entry point (in the ConfigMap beside lab/net/echo.py): lab/net/echo.py's server for
+# one pod in its own network namespace. lab/net/echo.py also serves SCTP; a node whose kernel has
 # no SCTP gets a TCP listener on a spare loopback port in its place.
 POD_ECHO = f"""
 import os, socket, sys
 sys.path.insert(0, "/opt")
-from lab import echo
+from lab.net import echo
 
 
 def listen(_netns, port):

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from ipvsproxy.backends.addresses import Addresses
-from ipvsproxy.backends.errors import ApplyError
-from ipvsproxy.diff import AddressOp, OpKind
-from lab import netns
-from lab.topology import Cluster
+from ipvsproxy.core.diff import AddressOp, OpKind
+from ipvsproxy.kernel.addresses import Addresses
+from ipvsproxy.kernel.errors import ApplyError
+from lab.net import netns
+from lab.net.topology import Cluster
 
 pytestmark = pytest.mark.kernel
 
@@ -68,7 +68,7 @@ def test_rejected_address_operations_are_named(addresses: Addresses) -> None:
 
 
 def test_node_port_addresses_from_a_lab_node(lab_cluster: Cluster) -> None:
-    from ipvsproxy.nodeaddrs import node_port_addresses
+    from ipvsproxy.core.node_addresses import node_port_addresses
 
     node = lab_cluster.node("node-1")
     with netns.entered(node.netns):

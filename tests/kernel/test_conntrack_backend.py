@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ipvsproxy.backends.conntrack import Conntrack
-from ipvsproxy.model import Protocol, ServiceKey
-from lab import netns
-from lab.topology import Cluster, Node, Pod
+from ipvsproxy.core.virtual_servers import Protocol, ServiceKey
+from ipvsproxy.kernel.conntrack import Conntrack
+from lab.net import netns
+from lab.net.topology import Cluster, Node, Pod
 
 pytestmark = pytest.mark.kernel
 

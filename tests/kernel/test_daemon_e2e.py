@@ -1,6 +1,6 @@
 """`ipvsproxy run` in every node namespace against the real control plane, as an operator runs
 it: a kubeconfig acting as deploy/'s ServiceAccount, kube-proxy's flags, real traffic
-(``lab.kube.LabKube``).
+(``lab.cluster.kube.LabKube``).
 
 What a user of any cluster sees (Services reachable from pods, nodes and outside, endpoints
 followed, deletion, externalTrafficPolicy Local, session affinity) is in tests/e2e, which runs
@@ -24,8 +24,7 @@ from typing import Any
 
 import pytest
 
-from lab import netns
-from lab.kube import (
+from lab.cluster.kube import (
     APISERVER_PORT,
     LabKube,
     healthz,
@@ -34,7 +33,8 @@ from lab.kube import (
     sync_count,
     wait_for,
 )
-from lab.topology import UNDERLAY_BRIDGE, Cluster, Node
+from lab.net import netns
+from lab.net.topology import UNDERLAY_BRIDGE, Cluster, Node
 
 pytestmark = pytest.mark.kernel
 
@@ -284,7 +284,7 @@ def test_outage_compaction_health_checks_and_cleanup(
         # gone (410) and must relist. The nodes reach the restarted server only once its
         # /readyz passes, as behind an HA cluster's load balancer: a lone server that is still
         # filling its RBAC caches answers 403, and a list after a 403 reads the latest state
-        # without ever meeting the 410 (that path: tests/host/test_informer_retries.py).
+        # without ever meeting the 410 (that path: tests/unit/test_informer_retries.py).
         # A Service deleted while the nodes are cut off must go from every node, and a Service
         # made afterwards must be programmed.
         cp = kube.controlplane

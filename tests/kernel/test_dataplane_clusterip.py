@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from lab import netns
-from lab.topology import Cluster
-from tests.host.k8s_objects import endpoint, endpoint_slice, service
-from tests.kernel.dataplane_helpers import node_dataplane, sh
+from lab.net import netns
+from lab.net.node_dataplane import node_dataplane, sh
+from lab.net.topology import Cluster
+from tests.unit.k8s_objects import endpoint, endpoint_slice, service
 
 pytestmark = pytest.mark.kernel
 
@@ -96,7 +96,7 @@ def test_sctp_cluster_ip(lab_cluster: Cluster, tmp_path: Path) -> None:
 
 
 def test_masquerade_all(lab_cluster: Cluster, tmp_path: Path) -> None:
-    from ipvsproxy.rules import RulesConfig
+    from ipvsproxy.core.ruleset import RulesConfig
 
     node = lab_cluster.node("node-1")
     svc = service("m", "10.96.0.13")

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from ipvsproxy.dataplane import Dataplane
-from lab import netns
-from lab.topology import Cluster
-from tests.host.k8s_objects import endpoint, endpoint_slice, service
-from tests.kernel.dataplane_helpers import node_dataplane, sh
+from ipvsproxy.dataplane.dataplane import Dataplane
+from lab.net import netns
+from lab.net.node_dataplane import node_dataplane, sh
+from lab.net.topology import Cluster
+from tests.unit.k8s_objects import endpoint, endpoint_slice, service
 
 pytestmark = pytest.mark.kernel
 
@@ -67,7 +67,7 @@ def test_a_port_out_of_range_and_a_conntrack_failure_stay_with_their_service(
         def refuse(*_args: Any) -> int:
             raise NetlinkError(22, "Invalid argument")
 
-        ndp.dp.b.conntrack.flush_stale = refuse  # type: ignore[method-assign,assignment]
+        ndp.dp.backends.conntrack.flush_stale = refuse  # type: ignore[method-assign,assignment]
         later = service("later", "10.96.7.3")
         later_sl = endpoint_slice("later", [endpoint(lab_cluster.pods[2].ip, "node-2")])
 
@@ -99,7 +99,7 @@ def test_a_refused_service_is_retried_on_its_own_and_others_program_at_once(
     now = [1000.0]
     with node_dataplane(lab_cluster, node, tmp_path / "state.json") as ndp:
         ndp.dp.failures.clock = lambda: now[0]
-        enc = ndp.dp.b.ipvs.encoder
+        enc = ndp.dp.backends.ipvs.encoder
         new_service = enc.new_service
 
         def refused_scheduler(seq: int, vs: Any) -> bytes:
@@ -118,7 +118,7 @@ def test_a_refused_service_is_retried_on_its_own_and_others_program_at_once(
         result = ndp.run(first)
         assert set(result.failed) == {"default/stuck"}
         assert "10.96.9.1:80" in result.failed["default/stuck"]
-        refused = ndp.dp.b.ipvs.counters.failed.get("add_service", 0)
+        refused = ndp.dp.backends.ipvs.counters.failed.get("add_service", 0)
         assert refused >= 1
         # A new Service: the next incremental sync programs it.
         later = service("later", "10.96.9.2")
@@ -132,12 +132,12 @@ def test_a_refused_service_is_retried_on_its_own_and_others_program_at_once(
         assert not result.full and result.failed == {}
         assert netns.tcp_request(client.netns, "10.96.9.2", 80)["pod"] == lab_cluster.pods[2].name
         # Its retry was not due yet: the kernel was not asked again.
-        assert ndp.dp.b.ipvs.counters.failed.get("add_service", 0) == refused
+        assert ndp.dp.backends.ipvs.counters.failed.get("add_service", 0) == refused
         assert ndp.dp.failed["default/stuck"].attempts == 1
         now[0] += 1.0  # its retry is due
         result = ndp.run(lambda dp: dp.sync())
         assert not result.full and set(result.failed) == {"default/stuck"}
-        assert ndp.dp.b.ipvs.counters.failed.get("add_service", 0) == refused + 1
+        assert ndp.dp.backends.ipvs.counters.failed.get("add_service", 0) == refused + 1
         failure = ndp.dp.failed["default/stuck"]
         assert failure.attempts == 2 and failure.retry_at == now[0] + 2.0
         # The kernel accepts it again: the next retry programs it and clears the failure.
@@ -159,7 +159,7 @@ def test_a_failing_iptables_save_does_not_stop_programming(
     svc = service("web", "10.96.9.10")
     sl = endpoint_slice("web", [endpoint(lab_cluster.pods[2].ip, "node-2")])
     with node_dataplane(lab_cluster, node, tmp_path / "state.json") as ndp:
-        ndp.dp.b.iptables.save_cmd = "false"
+        ndp.dp.backends.iptables.save_cmd = "false"
         result = ndp.run(lambda dp: (dp.update_service("default/web", svc, [sl]), dp.sync())[1])
         assert result.full and result.complete
         assert any("reading iptables" in e for e in result.errors), result.errors
@@ -168,6 +168,6 @@ def test_a_failing_iptables_save_does_not_stop_programming(
         assert netns.tcp_request(node.pods[1].netns, "10.96.9.10", 80)["pod"] == want
         assert netns.tcp_request(node.netns, "10.96.9.10", 80)["pod"] == want
         # iptables-save works again: the next full sync finds the jumps and writes nothing.
-        ndp.dp.b.iptables.save_cmd = "iptables-save"
+        ndp.dp.backends.iptables.save_cmd = "iptables-save"
         again = ndp.run(lambda dp: dp.reconcile())
         assert again.errors == []

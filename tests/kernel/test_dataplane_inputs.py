@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from lab import netns
-from lab.topology import Cluster
-from tests.host.k8s_objects import endpoint, endpoint_slice, service
-from tests.kernel.dataplane_helpers import NodeDataplane, node_dataplane, sh
+from lab.net import netns
+from lab.net.node_dataplane import NodeDataplane, node_dataplane, sh
+from lab.net.topology import Cluster
 from tests.kernel.test_dataplane_services import client_ip, np_service, routes_to_node1
+from tests.unit.k8s_objects import endpoint, endpoint_slice, service
 
 pytestmark = pytest.mark.kernel
 __all__ = ["routes_to_node1"]  # a fixture, used by name

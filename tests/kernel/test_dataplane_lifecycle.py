@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from ipvsproxy.dataplane import Dataplane
-from lab import netns
-from lab.topology import Cluster, Node
-from tests.host.k8s_objects import endpoint, endpoint_slice, service
-from tests.kernel.dataplane_helpers import NodeDataplane, node_dataplane, sh
+from ipvsproxy.dataplane.dataplane import Dataplane
+from lab.net import netns
+from lab.net.node_dataplane import NodeDataplane, node_dataplane, sh
+from lab.net.topology import Cluster, Node
+from tests.unit.k8s_objects import endpoint, endpoint_slice, service
 
 pytestmark = pytest.mark.kernel
 
@@ -140,7 +140,7 @@ def test_one_endpoint_change_among_1000_services_costs_a_few_writes(
             return sync_ok(dp)
 
         cold = ndp.run(load)
-        assert len(ndp.run(lambda dp: dp.b.ipvs.services())) == 1000
+        assert len(ndp.run(lambda dp: dp.backends.ipvs.services())) == 1000
         assert cold.writes >= 4000
         ipvs = ndp.backends.ipvs
         sends_before = ipvs.sock.sends
@@ -164,7 +164,7 @@ def test_one_endpoint_change_among_1000_services_costs_a_few_writes(
 def test_rejected_operations_name_the_object_and_the_rest_applies(
     lab_cluster: Cluster, tmp_path: Path
 ) -> None:
-    from ipvsproxy.plan import PlanConfig
+    from ipvsproxy.core.plan import PlanConfig
 
     n1 = lab_cluster.node("node-1")
     sl = endpoint_slice("x", [endpoint(n1.pods[0].ip)])
@@ -266,7 +266,7 @@ def test_reconcile_repairs_drift_of_every_kind(lab_cluster: Cluster, tmp_path: P
 def test_refused_virtual_servers_are_blamed_on_their_service(
     lab_cluster: Cluster, tmp_path: Path
 ) -> None:
-    from ipvsproxy.plan import PlanConfig
+    from ipvsproxy.core.plan import PlanConfig
 
     n1 = lab_cluster.node("node-1")
     cfg = PlanConfig(scheduler="nosuch")

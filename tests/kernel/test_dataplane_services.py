@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from lab import netns
-from lab.topology import Cluster, Pod
-from tests.host.k8s_objects import endpoint, endpoint_slice, service
-from tests.kernel.dataplane_helpers import NodeDataplane, node_dataplane, sh
+from lab.net import netns
+from lab.net.node_dataplane import NodeDataplane, node_dataplane, sh
+from lab.net.topology import Cluster, Pod
+from tests.unit.k8s_objects import endpoint, endpoint_slice, service
 
 pytestmark = pytest.mark.kernel
 

@@ -24,10 +24,11 @@ from typing import Any
 
 import pytest
 
-from lab import netns, peers
-from lab.kube import METRICS_ADDRESS, LabKube, http_get_from, wait_for
-from lab.kubelet import LabPod
-from lab.topology import Cluster, Node
+from lab.cluster import peers
+from lab.cluster.kube import METRICS_ADDRESS, LabKube, http_get_from, wait_for
+from lab.cluster.kubelet import LabPod
+from lab.net import netns
+from lab.net.topology import Cluster, Node
 from tests.e2e.cluster import parse_proc_ip_vs
 
 pytestmark = pytest.mark.kernel

@@ -7,22 +7,22 @@ from collections.abc import Iterator
 
 import pytest
 
-from ipvsproxy import ipsets as S
-from ipvsproxy.backends.errors import ApplyError
-from ipvsproxy.backends.ipset import IPSets
-from ipvsproxy.diff import MemberOp, OpKind
+from ipvsproxy.core import ipset_specs
+from ipvsproxy.core.diff import MemberOp, OpKind
+from ipvsproxy.kernel.errors import ApplyError
+from ipvsproxy.kernel.ipset import IPSets
 
 pytestmark = pytest.mark.kernel
 
 SAMPLES = {
-    S.CLUSTER_IP: ["10.96.0.10,tcp:80", "10.96.0.10,udp:53", "10.96.0.11,sctp:9000"],
-    S.LOOP_BACK: ["10.244.1.11,tcp:8080,10.244.1.11"],
-    S.LOAD_BALANCER_SOURCE_CIDR: [
+    ipset_specs.CLUSTER_IP: ["10.96.0.10,tcp:80", "10.96.0.10,udp:53", "10.96.0.11,sctp:9000"],
+    ipset_specs.LOOP_BACK: ["10.244.1.11,tcp:8080,10.244.1.11"],
+    ipset_specs.LOAD_BALANCER_SOURCE_CIDR: [
         "203.0.113.5,tcp:443,192.0.2.0/24",
         "203.0.113.5,tcp:443,198.51.100.7/32",
     ],
-    S.NODE_PORT_TCP: ["30080", "32767"],
-    S.IPVS_IPS: ["10.96.0.10"],
+    ipset_specs.NODE_PORT_TCP: ["30080", "32767"],
+    ipset_specs.IPVS_IPS: ["10.96.0.10"],
 }
 
 
@@ -33,7 +33,7 @@ def ipsets() -> Iterator[IPSets]:
     try:
         yield backend
     finally:
-        backend.destroy(S.NAMES)
+        backend.destroy(ipset_specs.NAMES)
         backend.close()
 
 
@@ -49,7 +49,7 @@ def _header(name: str) -> dict[str, str]:
 
 def test_sets_are_created_as_the_ipset_tool_creates_upstreams(ipsets: IPSets) -> None:
     """Every set: its type at the newest revision the kernel has, upstream's parameters."""
-    for spec in S.SPECS:
+    for spec in ipset_specs.SPECS:
         if spec.type == "bitmap:port":
             params = ["range", "0-65535"]
         else:
@@ -64,8 +64,8 @@ def test_sets_are_created_as_the_ipset_tool_creates_upstreams(ipsets: IPSets) ->
 
 def test_creating_a_set_that_exists_is_refused_and_named(ipsets: IPSets) -> None:
     with pytest.raises(ApplyError) as exc:
-        ipsets.ensure(set(), [S.CLUSTER_IP])
-    assert f"create ipset {S.CLUSTER_IP}" in str(exc.value)
+        ipsets.ensure(set(), [ipset_specs.CLUSTER_IP])
+    assert f"create ipset {ipset_specs.CLUSTER_IP}" in str(exc.value)
 
 
 def test_members_of_every_type_round_trip(ipsets: IPSets) -> None:
@@ -85,18 +85,18 @@ def test_members_of_every_type_round_trip(ipsets: IPSets) -> None:
             tool.setdefault(parts[1], set()).add(parts[2])
     fixed = {n: {e.removesuffix("/32") for e in es} for n, es in seen.items() if n in SAMPLES}
     assert tool == fixed
-    ipsets.apply([MemberOp(OpKind.DELETE, S.CLUSTER_IP, "10.96.0.10,udp:53")])
-    assert ipsets.read()[S.CLUSTER_IP] == {"10.96.0.10,tcp:80", "10.96.0.11,sctp:9000"}
+    ipsets.apply([MemberOp(OpKind.DELETE, ipset_specs.CLUSTER_IP, "10.96.0.10,udp:53")])
+    assert ipsets.read()[ipset_specs.CLUSTER_IP] == {"10.96.0.10,tcp:80", "10.96.0.11,sctp:9000"}
 
 
 def test_refused_members_are_named_and_the_rest_applies(ipsets: IPSets) -> None:
-    ipsets.apply([MemberOp(OpKind.ADD, S.CLUSTER_IP, "10.96.0.20,tcp:80")])
+    ipsets.apply([MemberOp(OpKind.ADD, ipset_specs.CLUSTER_IP, "10.96.0.20,tcp:80")])
     with pytest.raises(ApplyError) as exc:
         ipsets.apply(
             [
-                MemberOp(OpKind.ADD, S.CLUSTER_IP, "10.96.0.20,tcp:80"),  # exists
-                MemberOp(OpKind.ADD, S.CLUSTER_IP, "10.96.0.21,tcp:80"),
-                MemberOp(OpKind.DELETE, S.CLUSTER_IP, "10.96.0.99,tcp:80"),  # absent
+                MemberOp(OpKind.ADD, ipset_specs.CLUSTER_IP, "10.96.0.20,tcp:80"),  # exists
+                MemberOp(OpKind.ADD, ipset_specs.CLUSTER_IP, "10.96.0.21,tcp:80"),
+                MemberOp(OpKind.DELETE, ipset_specs.CLUSTER_IP, "10.96.0.99,tcp:80"),  # absent
             ]
         )
     assert exc.value.applied == 1
@@ -104,7 +104,7 @@ def test_refused_members_are_named_and_the_rest_applies(ipsets: IPSets) -> None:
     text = str(exc.value)
     assert "add 10.96.0.20,tcp:80 in ipset KUBE-CLUSTER-IP: element already exists" in text
     assert "delete 10.96.0.99,tcp:80 in ipset KUBE-CLUSTER-IP" in text
-    assert ipsets.read()[S.CLUSTER_IP] == {"10.96.0.20,tcp:80", "10.96.0.21,tcp:80"}
+    assert ipsets.read()[ipset_specs.CLUSTER_IP] == {"10.96.0.20,tcp:80", "10.96.0.21,tcp:80"}
 
 
 def test_a_set_larger_than_one_dump_message_is_read_whole(ipsets: IPSets) -> None:
@@ -112,8 +112,10 @@ def test_a_set_larger_than_one_dump_message_is_read_whole(ipsets: IPSets) -> Non
     first: every member of every reply is read (a reconcile at 1,000 Services re-added almost
     every member before this held)."""
     entries = {f"10.96.{i // 250}.{i % 250 + 1},tcp:{80 + i % 7}" for i in range(6000)}
-    ops = [MemberOp(OpKind.ADD, S.CLUSTER_IP, e) for e in sorted(entries)]
+    ops = [MemberOp(OpKind.ADD, ipset_specs.CLUSTER_IP, e) for e in sorted(entries)]
     assert ipsets.apply(ops) == len(ops)
-    assert ipsets.read()[S.CLUSTER_IP] == entries
-    out = subprocess.run(["ipset", "save", S.CLUSTER_IP], capture_output=True, text=True).stdout
+    assert ipsets.read()[ipset_specs.CLUSTER_IP] == entries
+    out = subprocess.run(
+        ["ipset", "save", ipset_specs.CLUSTER_IP], capture_output=True, text=True
+    ).stdout
     assert sum(line.startswith("add ") for line in out.splitlines()) == len(entries)

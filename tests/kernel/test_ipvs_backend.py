@@ -8,10 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ipvsproxy.backends.errors import ApplyError
-from ipvsproxy.backends.ipvs import IPVS
-from ipvsproxy.diff import DestOp, OpKind, ServiceOp
-from ipvsproxy.model import (
+from ipvsproxy.core.diff import DestOp, OpKind, ServiceOp
+from ipvsproxy.core.virtual_servers import (
     SVC_F_PERSISTENT,
     DestKey,
     Protocol,
@@ -19,6 +17,8 @@ from ipvsproxy.model import (
     ServiceKey,
     VirtualServer,
 )
+from ipvsproxy.kernel.errors import ApplyError
+from ipvsproxy.kernel.ipvs import IPVS
 
 pytestmark = pytest.mark.kernel
 

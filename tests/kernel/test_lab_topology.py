@@ -1,6 +1,6 @@
 """The lab's cluster topology carries real traffic, and each node has its own IPVS and links.
 
-These run inside the UML guest (see lab/pytest_plugin.py); everything here is a real kernel.
+These run inside the UML guest (see lab/uml/pytest_plugin.py); everything here is a real kernel.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from lab import netns
-from lab.topology import Cluster
+from lab.net import netns
+from lab.net.topology import Cluster
 
 pytestmark = pytest.mark.kernel
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from lab import netns
-from lab.kube import LabKube, http_get_from, wait_for
-from lab.topology import Cluster, Node
+from lab.cluster.kube import LabKube, http_get_from, wait_for
+from lab.net import netns
+from lab.net.topology import Cluster, Node
 
 pytestmark = pytest.mark.kernel
 
@@ -171,7 +171,7 @@ def test_node_cidr_waits_for_the_pod_cidr_and_detects_local_traffic_by_it(
     it), then traffic to cluster IPs from outside the node's pod CIDR is masqueraded."""
     from kubernetes import client
 
-    from lab.kube import healthz, last_sync_time
+    from lab.cluster.kube import healthz, last_sync_time
 
     lab = LabKube(
         lab_cluster,

@@ -1,6 +1,6 @@
 """Upstream peers in the lab: kube-proxy (IPVS mode, configured as kubeadm does) and kube-router
 (service proxy only), each in a node namespace of its own, program IPVS from the real control
-plane and pass traffic (``lab/peers.py``)."""
+plane and pass traffic (``lab/cluster/peers.py``)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from lab import netns, peers
-from lab.kube import LabKube, wait_for
-from lab.kubelet import LabPod
-from lab.topology import Cluster
+from lab.cluster import peers
+from lab.cluster.kube import LabKube, wait_for
+from lab.cluster.kubelet import LabPod
+from lab.net import netns
+from lab.net.topology import Cluster
 from tests.e2e.cluster import parse_proc_ip_vs
 
 pytestmark = pytest.mark.kernel

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from lab import netns
-from lab.kube import LabKube, wait_for
-from lab.topology import Cluster, Node
+from lab.cluster.kube import LabKube, wait_for
+from lab.net import netns
+from lab.net.topology import Cluster, Node
 
 pytestmark = pytest.mark.kernel
 

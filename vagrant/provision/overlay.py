@@ -11,7 +11,7 @@ result really carries the wanted values. Nothing in ``deploy/`` or in flannel's 
 edited: the overlay is a separate directory the scripts pass to ``kubectl apply -k``.
 
 It runs on the guests with Debian's python3 and python3-yaml, and on the development machine
-in tests/host/test_vagrant.py, which feeds it sample bases and the real ``deploy/``.
+in tests/harness/test_vagrant.py, which feeds it sample bases and the real ``deploy/``.
 
     overlay.py ipvsproxy --base DIR --out DIR --cluster-cidr CIDR --api-server HOST:PORT
                [--image REF] [--privileged] [--kubectl PATH]

@@ -1,1 +1,0 @@
-"""The thin shell: backends apply operations to the kernel and read it back. No decisions."""

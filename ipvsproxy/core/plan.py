@@ -1,0 +1,303 @@
+"""The planner: one Service and its EndpointSlices in, that Service's share of the node's
+dataplane out. Pure, and per Service, so a change costs time in proportion to that Service.
+
+Semantics follow upstream kube-proxy's IPVS proxier; where IPVS mode's behaviour is a known
+bug that the nftables mode fixed, the nftables behaviour is kept (externalTrafficPolicy Local
+with no local endpoint: external traffic is not forwarded, rather than forwarded without SNAT
+to remote endpoints whose replies are lost; pods and the node itself still reach the Service
+through the cluster's endpoints, masqueraded).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from ipvsproxy.core import identities, ipset_specs
+from ipvsproxy.core.service_ports import (
+    Endpoint,
+    InvalidObject,
+    ServicePort,
+    creation_time,
+    endpoints_by_port,
+    is_proxied,
+    service_ports,
+)
+from ipvsproxy.core.virtual_servers import (
+    SVC_F_PERSISTENT,
+    DestKey,
+    Protocol,
+    ServiceKey,
+    VirtualServer,
+)
+
+SVC_F_SCHED_SH_PORT = 0x0010  # upstream sets it for the mh scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What the planner must know about this node."""
+
+    name: str
+    node_ips: tuple[str, ...] = ()  # addresses that carry NodePorts
+    local_addresses: frozenset[str] = frozenset()  # on interfaces other than kube-ipvs0
+    primary_ip: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlanConfig:
+    scheduler: str = "rr"
+    proxy_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutFilter:
+    """A load-balancer VIP whose source ranges exclude this node: node-local clients of it are
+    dropped (upstream KUBE-IPVS-OUT-FILTER, kubernetes #119656)."""
+
+    address: str
+    protocol: Protocol
+    port: int
+
+
+def _sealed(d: dict[Any, Any]) -> Mapping[Any, Any]:
+    """A read-only view of a dict the builder made and lets go of: no copy is needed, as
+    nothing else holds the dict once the plan is built (copying 100,000s was measurable)."""
+    return MappingProxyType(d)
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePlan:
+    """One Service's share of the node's desired dataplane."""
+
+    virtual_servers: Mapping[ServiceKey, VirtualServer] = field(default_factory=dict)
+    real_servers: Mapping[ServiceKey, Mapping[DestKey, DestKey]] = field(default_factory=dict)
+    bind: frozenset[str] = frozenset()
+    members: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    out_filters: frozenset[OutFilter] = frozenset()
+    no_local_endpoints: int = 0  # ports with eTP/iTP Local and no local endpoint (metric)
+    error: str | None = None  # why the Service could not be programmed
+    warnings: tuple[str, ...] = ()  # what of it was left out, and why (the rest is planned)
+    created: str = ""  # the Service's creationTimestamp, normalised (who had an address first)
+    identity: identities.ServiceIdentity = field(
+        default_factory=identities.ServiceIdentity
+    )  # names, for status
+
+
+EMPTY = ServicePlan()
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.vs: dict[ServiceKey, VirtualServer] = {}
+        self.rs: dict[ServiceKey, dict[DestKey, DestKey]] = {}
+        self.bind: set[str] = set()
+        self.members: defaultdict[str, set[str]] = defaultdict(set)
+        self.out_filters: set[OutFilter] = set()
+        self.no_local = 0
+        self.ids: dict[ServiceKey, identities.VirtualServerIdentity] = {}
+        self.eps: dict[str, identities.EndpointIdentity] = {}
+        # The real servers of the last endpoint list seen: the virtual servers of one port
+        # (cluster IP, node ports, load-balancer VIPs) mostly share one, and so its mapping.
+        self._last: tuple[list[Endpoint], dict[DestKey, DestKey]] | None = None
+
+    def add_vs(
+        self, vs: VirtualServer, endpoints: list[Endpoint], sp: ServicePort, role: str
+    ) -> None:
+        self.vs[vs.key] = vs
+        self.ids[vs.key] = identities.VirtualServerIdentity(
+            sp.service, sp.name, sp.port, sp.type, role
+        )
+        if self._last is not None and self._last[0] is endpoints:
+            self.rs[vs.key] = self._last[1]
+            return
+        rs = {}
+        for e in endpoints:
+            key = DestKey(e.address, e.port)
+            rs[key] = key  # weight 1, masquerade: see DestKey
+        self._last = (endpoints, rs)
+        self.rs[vs.key] = rs
+
+    def member(self, set_name: str, entry: str) -> None:
+        self.members[set_name].add(entry)
+
+    def build(self) -> ServicePlan:
+        frozen: dict[int, Mapping[DestKey, DestKey]] = {}  # one copy of each shared mapping
+        real_servers = {}
+        for key, rs in self.rs.items():
+            if id(rs) not in frozen:
+                frozen[id(rs)] = _sealed(rs)
+            real_servers[key] = frozen[id(rs)]
+        return ServicePlan(
+            virtual_servers=_sealed(self.vs),
+            real_servers=_sealed(real_servers),
+            bind=frozenset(self.bind),
+            members=_sealed({k: frozenset(v) for k, v in self.members.items() if v}),
+            out_filters=frozenset(self.out_filters),
+            no_local_endpoints=self.no_local,
+            identity=identities.ServiceIdentity.of(self.ids, self.eps),
+        )
+
+
+def _usable(endpoints: list[Endpoint]) -> list[Endpoint]:
+    """Ready endpoints; when none, the serving ones that are terminating (upstream's rule)."""
+    ready = [e for e in endpoints if e.ready]
+    return ready or [e for e in endpoints if e.serving and e.terminating]
+
+
+def _virtual_server(sp: ServicePort, address: str, port: int, cfg: PlanConfig) -> VirtualServer:
+    flags, timeout = 0, 0
+    if sp.affinity_timeout:
+        flags, timeout = SVC_F_PERSISTENT, sp.affinity_timeout
+    if cfg.scheduler == "mh":
+        flags |= SVC_F_SCHED_SH_PORT
+    return VirtualServer(ServiceKey(address, sp.protocol, port), cfg.scheduler, flags, timeout)
+
+
+def _plan_port(
+    b: _Builder, sp: ServicePort, endpoints: list[Endpoint], node: NodeFacts, cfg: PlanConfig
+) -> None:
+    proto = sp.protocol.value.lower()
+    cluster = _usable(endpoints)
+    local = _usable([e for e in endpoints if e.node == node.name])
+    internal = local if sp.internal_local else cluster
+    external = local if sp.external_local else cluster
+    if (sp.internal_local or sp.external_local) and not local and cluster:
+        b.no_local += 1
+    # externalTrafficPolicy Local and no local endpoint: external clients are not forwarded
+    # (the filter drops them: KUBE-NO-LOCAL-ENDPOINTS), but pods and the node itself reach the
+    # external destinations through the cluster's endpoints, the node masqueraded (upstream's
+    # "pod traffic for external destinations" and "masquerade LOCAL traffic").
+    short = sp.external_local and not local and bool(cluster)
+    if short:
+        external = cluster
+    eps = b.eps
+    for e in endpoints:
+        known = eps.get(e.address)
+        if known is None or known.pod != e.pod or known.node != e.node:
+            eps[e.address] = identities.EndpointIdentity(e.pod, e.node)
+        if e.node == node.name:
+            b.member(ipset_specs.LOOP_BACK, f"{e.address},{proto}:{e.port},{e.address}")
+    for ip in sp.cluster_ips:
+        b.add_vs(_virtual_server(sp, ip, sp.port, cfg), internal, sp, identities.ROLE_CLUSTER_IP)
+        b.bind.add(ip)
+        b.member(ipset_specs.CLUSTER_IP, f"{ip},{proto}:{sp.port}")
+    for ip in sp.external_ips:
+        b.add_vs(_virtual_server(sp, ip, sp.port, cfg), external, sp, identities.ROLE_EXTERNAL_IP)
+        if ip not in node.local_addresses:
+            b.bind.add(ip)
+        entry = f"{ip},{proto}:{sp.port}"
+        b.member(
+            ipset_specs.EXTERNAL_IP_LOCAL if sp.external_local else ipset_specs.EXTERNAL_IP, entry
+        )
+        if short:
+            b.member(ipset_specs.NO_LOCAL_ENDPOINTS, entry)
+    for ip in sp.lb_vips:
+        _plan_lb_vip(b, sp, ip, external, node, cfg)
+        if short:
+            b.member(ipset_specs.NO_LOCAL_ENDPOINTS, f"{ip},{proto}:{sp.port}")
+    if sp.node_port:
+        _plan_node_port(b, sp, external, node, cfg)
+        if short:
+            for ip in node.node_ips:
+                b.member(ipset_specs.NO_LOCAL_ENDPOINTS, f"{ip},{proto}:{sp.node_port}")
+    if sp.type == "LoadBalancer" and sp.external_local and sp.health_check_node_port:
+        b.member(ipset_specs.HEALTH_CHECK_NODE_PORT, str(sp.health_check_node_port))
+
+
+def _plan_lb_vip(
+    b: _Builder,
+    sp: ServicePort,
+    ip: str,
+    endpoints: list[Endpoint],
+    node: NodeFacts,
+    cfg: PlanConfig,
+) -> None:
+    proto = sp.protocol.value.lower()
+    entry = f"{ip},{proto}:{sp.port}"
+    b.add_vs(_virtual_server(sp, ip, sp.port, cfg), endpoints, sp, identities.ROLE_LOAD_BALANCER)
+    if ip not in node.local_addresses:
+        b.bind.add(ip)
+    b.member(ipset_specs.LOAD_BALANCER, entry)
+    if sp.external_local:
+        b.member(ipset_specs.LOAD_BALANCER_LOCAL, entry)
+    if not sp.lb_source_ranges:
+        return
+    b.member(ipset_specs.LOAD_BALANCER_FW, entry)
+    for cidr in sp.lb_source_ranges:
+        b.member(ipset_specs.LOAD_BALANCER_SOURCE_CIDR, f"{entry},{cidr}")
+    primary = ipaddress.ip_address(node.primary_ip) if node.primary_ip else None
+    if primary is not None and any(primary in ipaddress.ip_network(c) for c in sp.lb_source_ranges):
+        b.member(ipset_specs.LOAD_BALANCER_SOURCE_IP, f"{entry},{ip}")
+    else:
+        b.out_filters.add(OutFilter(ip, sp.protocol, sp.port))
+
+
+_NODE_PORT_SETS = {
+    Protocol.TCP: (ipset_specs.NODE_PORT_TCP, ipset_specs.NODE_PORT_LOCAL_TCP),
+    Protocol.UDP: (ipset_specs.NODE_PORT_UDP, ipset_specs.NODE_PORT_LOCAL_UDP),
+    Protocol.SCTP: (ipset_specs.NODE_PORT_SCTP, ipset_specs.NODE_PORT_LOCAL_SCTP),
+}
+
+
+def _plan_node_port(
+    b: _Builder, sp: ServicePort, endpoints: list[Endpoint], node: NodeFacts, cfg: PlanConfig
+) -> None:
+    if not node.node_ips:
+        return
+    all_set, local_set = _NODE_PORT_SETS[sp.protocol]
+    for ip in node.node_ips:
+        b.add_vs(
+            _virtual_server(sp, ip, sp.node_port, cfg), endpoints, sp, identities.ROLE_NODE_PORT
+        )
+    if sp.protocol is Protocol.SCTP:
+        entries = [f"{ip},sctp:{sp.node_port}" for ip in node.node_ips]
+    else:
+        entries = [str(sp.node_port)]
+    for entry in entries:
+        b.member(all_set, entry)
+        if sp.external_local:
+            b.member(local_set, entry)
+
+
+def plan_service(
+    svc: Mapping[str, Any] | None,
+    slices: Iterable[Mapping[str, Any]],
+    node: NodeFacts,
+    cfg: PlanConfig,
+) -> ServicePlan:
+    """The desired dataplane for one Service (None: the Service is gone)."""
+    if svc is None or not is_proxied(svc, cfg.proxy_name):
+        return EMPTY
+    try:
+        ports = service_ports(svc)
+    except InvalidObject as exc:
+        return ServicePlan(error=str(exc))
+    if not ports or not ports[0].cluster_ips:
+        # No cluster IP of this family (an IPv6-only Service): nothing for this proxier, as
+        # upstream's per-family proxiers skip it.
+        return EMPTY
+    b = _Builder()
+    skipped: dict[str, str] = {}
+    by_port = endpoints_by_port(slices, [(sp.name, sp.protocol) for sp in ports], skipped)
+    for sp, endpoints in zip(ports, by_port, strict=True):
+        _plan_port(b, sp, endpoints, node, cfg)
+    warnings = (_skipped_warning(ports[0].service, skipped),) if skipped else ()
+    return replace(b.build(), warnings=warnings, created=creation_time(svc))
+
+
+MAX_NAMED = 10  # a warning names at most this many skipped addresses and ports
+
+
+def _skipped_warning(sid: str, skipped: Mapping[str, str]) -> str:
+    named = [f"{what} ({why})" for what, why in sorted(skipped.items())[:MAX_NAMED]]
+    more = len(skipped) - len(named)
+    tail = f" and {more} more" if more > 0 else ""
+    return (
+        f"service {sid}: EndpointSlice entries the kernel refuses were skipped, the other "
+        f"endpoints are programmed: {', '.join(named)}{tail}"
+    )

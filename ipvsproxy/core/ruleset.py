@@ -1,0 +1,236 @@
+"""The fixed iptables ruleset, rendered as iptables-restore text (upstream IPVS proxier's order).
+
+Rules match ipsets, so the text depends only on configuration, on which sets are non-empty
+and on the load-balancer VIPs that this node may not reach: it changes rarely, and is rewritten
+only when the rendered text changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ipvsproxy.core import ipset_specs
+from ipvsproxy.core.plan import OutFilter
+
+NAT_CHAINS = (
+    "KUBE-SERVICES",
+    "KUBE-POSTROUTING",
+    "KUBE-NODE-PORT",
+    "KUBE-LOAD-BALANCER",
+    "KUBE-MARK-MASQ",
+)
+FILTER_CHAINS = (
+    "KUBE-FORWARD",
+    "KUBE-NODE-PORT",
+    "KUBE-PROXY-FIREWALL",
+    "KUBE-SOURCE-RANGES-FIREWALL",
+    "KUBE-IPVS-FILTER",
+    "KUBE-IPVS-OUT-FILTER",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Jump:
+    """A rule in a built-in chain that sends traffic into one of ours."""
+
+    table: str
+    chain: str
+    comment: str
+    target: str
+
+    def spec(self) -> str:
+        return f'-m comment --comment "{self.comment}" -j {self.target}'
+
+
+# Upstream inserts each at position 1, in this order.
+JUMPS = (
+    Jump("nat", "OUTPUT", "kubernetes service portals", "KUBE-SERVICES"),
+    Jump("nat", "PREROUTING", "kubernetes service portals", "KUBE-SERVICES"),
+    Jump("nat", "POSTROUTING", "kubernetes postrouting rules", "KUBE-POSTROUTING"),
+    Jump("filter", "FORWARD", "kubernetes forwarding rules", "KUBE-FORWARD"),
+    Jump("filter", "INPUT", "kubernetes health check rules", "KUBE-NODE-PORT"),
+    Jump("filter", "INPUT", "kube-proxy firewall rules", "KUBE-PROXY-FIREWALL"),
+    Jump("filter", "FORWARD", "kube-proxy firewall rules", "KUBE-PROXY-FIREWALL"),
+    Jump("filter", "INPUT", "kubernetes ipvs access filter", "KUBE-IPVS-FILTER"),
+    Jump("filter", "OUTPUT", "kubernetes ipvs access filter", "KUBE-IPVS-OUT-FILTER"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RulesConfig:
+    """``detect_local`` is upstream's detectLocalMode: ClusterCIDR and NodeCIDR take a CIDR in
+    ``local_value``, BridgeInterface an interface name, InterfaceNamePrefix a name prefix."""
+
+    masquerade_all: bool = False
+    masquerade_bit: int = 14
+    cluster_cidr: str | None = None
+    random_fully: bool = True
+    detect_local: str = "ClusterCIDR"
+    local_value: str | None = None
+
+    @property
+    def mark(self) -> str:
+        return f"{1 << self.masquerade_bit:#x}"
+
+    def if_not_local(self) -> str | None:
+        """The match for traffic that does not come from a local pod (None: undetectable)."""
+        mode = self.detect_local or "ClusterCIDR"
+        value = self.local_value or (self.cluster_cidr if mode == "ClusterCIDR" else None)
+        if not value:
+            return None
+        if mode in ("ClusterCIDR", "NodeCIDR"):
+            return f"! -s {value}"
+        if mode == "BridgeInterface":
+            return f"! -i {value}"
+        if mode == "InterfaceNamePrefix":
+            return f"! -i {value}+"
+        raise ValueError(f"detectLocalMode {mode!r} is not supported")
+
+
+def _c(name: str) -> str:
+    return f'-m comment --comment "{ipset_specs.BY_NAME[name].comment}"'
+
+
+def _nat(cfg: RulesConfig, sets: frozenset[str]) -> list[str]:
+    r = ["*nat"] + [f":{c} - [0:0]" for c in NAT_CHAINS]
+    r.append("-A KUBE-SERVICES -s 127.0.0.0/8 -j RETURN")
+    if ipset_specs.LOOP_BACK in sets:
+        r.append(
+            f"-A KUBE-POSTROUTING {_c(ipset_specs.LOOP_BACK)} "
+            f"-m set --match-set {ipset_specs.LOOP_BACK} "
+            "dst,dst,src -j MASQUERADE"
+        )
+    if ipset_specs.LOAD_BALANCER in sets:
+        r.append(
+            f"-A KUBE-SERVICES {_c(ipset_specs.LOAD_BALANCER)} "
+            f"-m set --match-set {ipset_specs.LOAD_BALANCER} "
+            "dst,dst -j KUBE-LOAD-BALANCER"
+        )
+    if ipset_specs.LOAD_BALANCER_LOCAL in sets:
+        r.append(
+            f"-A KUBE-LOAD-BALANCER {_c(ipset_specs.LOAD_BALANCER_LOCAL)} -m set --match-set "
+            f"{ipset_specs.LOAD_BALANCER_LOCAL} dst,dst -j RETURN"
+        )
+    for proto, local, every, match in (
+        ("tcp", ipset_specs.NODE_PORT_LOCAL_TCP, ipset_specs.NODE_PORT_TCP, "dst"),
+        ("udp", ipset_specs.NODE_PORT_LOCAL_UDP, ipset_specs.NODE_PORT_UDP, "dst"),
+        ("sctp", ipset_specs.NODE_PORT_LOCAL_SCTP, ipset_specs.NODE_PORT_SCTP, "dst,dst"),
+    ):
+        if local in sets:
+            r.append(
+                f"-A KUBE-NODE-PORT -p {proto} {_c(local)} -m set --match-set {local} "
+                f"{match} -j RETURN"
+            )
+        if every in sets:
+            r.append(
+                f"-A KUBE-NODE-PORT -p {proto} {_c(every)} -m set --match-set {every} "
+                f"{match} -j KUBE-MARK-MASQ"
+            )
+    if ipset_specs.CLUSTER_IP in sets:
+        head = (
+            f"-A KUBE-SERVICES {_c(ipset_specs.CLUSTER_IP)} "
+            f"-m set --match-set {ipset_specs.CLUSTER_IP}"
+        )
+        not_local = cfg.if_not_local()
+        if cfg.masquerade_all:
+            r.append(f"{head} dst,dst -j KUBE-MARK-MASQ")
+        elif not_local:
+            r.append(f"{head} dst,dst {not_local} -j KUBE-MARK-MASQ")
+        else:
+            r.append(f"{head} src,dst -j KUBE-MARK-MASQ")
+    if ipset_specs.NO_LOCAL_ENDPOINTS in sets:
+        # Pods and the node reach these through the cluster's endpoints: the node's own
+        # traffic masqueraded (its source would be the service address, whose answers never
+        # come back), pods' traffic with their own address as upstream's ("pod traffic for
+        # external destinations" goes to the cluster's endpoints unmarked). Before the
+        # external IPs' ACCEPT rules, which would end the chain for the node.
+        r.append(
+            f"-A KUBE-SERVICES {_c(ipset_specs.NO_LOCAL_ENDPOINTS)} -m set --match-set "
+            f"{ipset_specs.NO_LOCAL_ENDPOINTS} dst,dst -m addrtype --src-type LOCAL "
+            "-j KUBE-MARK-MASQ"
+        )
+    for name, masq in ((ipset_specs.EXTERNAL_IP, True), (ipset_specs.EXTERNAL_IP_LOCAL, False)):
+        if name not in sets:
+            continue
+        head = f"-A KUBE-SERVICES {_c(name)} -m set --match-set {name} dst,dst"
+        if masq:
+            r.append(f"{head} -j KUBE-MARK-MASQ")
+        r.append(f"{head} -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT")
+        r.append(f"{head} -m addrtype --dst-type LOCAL -j ACCEPT")
+    r.append("-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT")
+    r.append("-A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ")
+    if ipset_specs.CLUSTER_IP in sets:
+        r.append(f"-A KUBE-SERVICES -m set --match-set {ipset_specs.CLUSTER_IP} dst,dst -j ACCEPT")
+    if ipset_specs.LOAD_BALANCER in sets:
+        r.append(
+            f"-A KUBE-SERVICES -m set --match-set {ipset_specs.LOAD_BALANCER} dst,dst -j ACCEPT"
+        )
+    mark = cfg.mark
+    r += [
+        f"-A KUBE-POSTROUTING -m mark ! --mark {mark}/{mark} -j RETURN",
+        f"-A KUBE-POSTROUTING -j MARK --xor-mark {mark}",
+        '-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" '
+        "-j MASQUERADE" + (" --random-fully" if cfg.random_fully else ""),
+        f"-A KUBE-MARK-MASQ -j MARK --or-mark {mark}",
+        "COMMIT",
+    ]
+    return r
+
+
+def _filter(cfg: RulesConfig, sets: frozenset[str], out_filters: Iterable[OutFilter]) -> list[str]:
+    r = ["*filter"] + [f":{c} - [0:0]" for c in FILTER_CHAINS]
+    if ipset_specs.LOAD_BALANCER_FW in sets:
+        r.append(
+            f"-A KUBE-PROXY-FIREWALL {_c(ipset_specs.LOAD_BALANCER_FW)} -m set --match-set "
+            f"{ipset_specs.LOAD_BALANCER_FW} dst,dst -j KUBE-SOURCE-RANGES-FIREWALL"
+        )
+    for name in (ipset_specs.LOAD_BALANCER_SOURCE_CIDR, ipset_specs.LOAD_BALANCER_SOURCE_IP):
+        if name in sets:
+            r.append(
+                f"-A KUBE-SOURCE-RANGES-FIREWALL {_c(name)} -m set --match-set {name} "
+                "dst,dst,src -j RETURN"
+            )
+    r.append("-A KUBE-SOURCE-RANGES-FIREWALL -j DROP")
+    if ipset_specs.NO_LOCAL_ENDPOINTS in sets:
+        # New connections from outside (not a pod, not the node) are not forwarded.
+        not_local = cfg.if_not_local()
+        r.append(
+            f"-A KUBE-PROXY-FIREWALL {_c(ipset_specs.NO_LOCAL_ENDPOINTS)} -m set --match-set "
+            f"{ipset_specs.NO_LOCAL_ENDPOINTS} dst,dst -m conntrack --ctstate NEW"
+            + (f" {not_local}" if not_local else "")
+            + " -m addrtype ! --src-type LOCAL -j DROP"
+        )
+    for f in out_filters:
+        r.append(
+            f"-A KUBE-IPVS-OUT-FILTER -s {f.address} -m ipvs --vaddr {f.address} "
+            f"--vproto {f.protocol.value.lower()} --vport {f.port} -j DROP"
+        )
+    mark = cfg.mark
+    r += [
+        '-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" '
+        f"-m mark --mark {mark}/{mark} -j ACCEPT",
+        '-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" '
+        "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+        f"-A KUBE-NODE-PORT {_c(ipset_specs.HEALTH_CHECK_NODE_PORT)} -m set --match-set "
+        f"{ipset_specs.HEALTH_CHECK_NODE_PORT} dst -j ACCEPT",
+    ]
+    for name, match in (
+        (ipset_specs.LOAD_BALANCER, "dst,dst"),
+        (ipset_specs.CLUSTER_IP, "dst,dst"),
+        (ipset_specs.EXTERNAL_IP, "dst,dst"),
+        (ipset_specs.EXTERNAL_IP_LOCAL, "dst,dst"),
+        (ipset_specs.HEALTH_CHECK_NODE_PORT, "dst"),
+    ):
+        r.append(f"-A KUBE-IPVS-FILTER -m set --match-set {name} {match} -j RETURN")
+    r.append(
+        f"-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set {ipset_specs.IPVS_IPS} "
+        "dst -j REJECT"
+    )
+    r.append("COMMIT")
+    return r
+
+
+def render(cfg: RulesConfig, sets: frozenset[str], out_filters: Iterable[OutFilter]) -> str:
+    """The iptables-restore --noflush text for ipvsproxy's own chains (built-ins untouched)."""
+    return "\n".join(_nat(cfg, sets) + _filter(cfg, sets, out_filters)) + "\n"

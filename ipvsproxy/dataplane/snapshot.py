@@ -1,0 +1,23 @@
+"""What the dataplane reports about itself, for the daemon's metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The dataplane's counters and sizes at one moment, taken under the daemon's sync lock.
+
+    Telemetry reads this and nothing else of the dataplane: the backends, the state file and
+    the desired state stay the dataplane's own. Every count is cumulative since the process
+    started; the reader computes deltas."""
+
+    operations: Mapping[tuple[str, str], int]  # (operation, "ok" | "error") -> count
+    restore_failures: int  # iptables-restore runs that failed
+    state_write_failures: int  # state file writes that failed (disk full, read-only)
+    draining: int  # real servers at weight 0 waiting for their connections to end
+    no_local_endpoints: int  # externalTrafficPolicy Local virtual servers without a local endpoint
+    failed_services: int  # Services whose programming failed, waiting for their retry
+    kernel_problems: int  # kernel reads and sysctls that fail

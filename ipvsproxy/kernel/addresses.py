@@ -1,0 +1,126 @@
+"""The dummy device kube-ipvs0 and the service addresses bound to it; the node's addresses."""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import socket
+from collections.abc import Sequence
+
+from ipvsproxy.core.diff import AddressOp, OpKind
+from ipvsproxy.kernel.errors import Counters, settle_batch
+from ipvsproxy.kernel.netlink import codec, rtnl_messages
+from ipvsproxy.kernel.netlink.sock import NETLINK_ROUTE, NetlinkSocket
+
+DUMMY_DEVICE = "kube-ipvs0"
+
+
+def encode(seq: int, ifindex: int, op: AddressOp) -> bytes:
+    """The request for one operation (pure: also what the host benchmark encodes)."""
+    build = rtnl_messages.add_address if op.kind is OpKind.ADD else rtnl_messages.del_address
+    return build(seq, ifindex, op.address)
+
+
+class Addresses:
+    def __init__(self, device: str = DUMMY_DEVICE, sock: NetlinkSocket | None = None) -> None:
+        self.device = device
+        self.sock = sock or NetlinkSocket(NETLINK_ROUTE)
+        self.counters = Counters()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def ensure_device(self) -> int:
+        """Create the dummy device if missing (down, as upstream keeps it); return its index."""
+        try:
+            return socket.if_nametoindex(self.device)
+        except OSError:
+            pass
+        # Over the socket the addresses use: pyroute2, imported for this once, stayed in the
+        # daemon's memory for good (~8 MiB).
+        seq = self.sock.next_seq()
+        (outcome,) = self.sock.execute([(seq, rtnl_messages.new_link(seq, self.device, "dummy"))])
+        if outcome.errno not in (0, errno.EEXIST):
+            self.counters.count("add_device", False)
+            raise OSError(outcome.errno, f"creating {self.device}: {os.strerror(outcome.errno)}")
+        self.counters.count("add_device", True)
+        return socket.if_nametoindex(self.device)
+
+    def remove_device(self) -> None:
+        if self.device_index() is None:
+            return
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            ipr.link("del", ifname=self.device)
+        self.counters.count("delete_device", True)
+
+    def device_index(self) -> int | None:
+        try:
+            return socket.if_nametoindex(self.device)
+        except OSError:
+            return None
+
+    def all_addresses(self) -> list[rtnl_messages.InterfaceAddress]:
+        seq = self.sock.next_seq()
+        found = []
+        for msg in self.sock.dump(rtnl_messages.dump_addresses(seq), seq):
+            addr = rtnl_messages.parse_address(msg)
+            if addr is not None:
+                found.append(addr)
+        return found
+
+    def indexed(self) -> list[tuple[int, str]]:
+        """(interface index, address) for every address on the node."""
+        return [(a.ifindex, a.address) for a in self.all_addresses()]
+
+    def bound(self) -> set[str]:
+        """Addresses on the dummy device."""
+        index = self.device_index()
+        if index is None:
+            return set()
+        return {a.address for a in self.all_addresses() if a.ifindex == index}
+
+    def apply(self, ops: Sequence[AddressOp]) -> int:
+        if not ops:
+            return 0
+        index = self.ensure_device()
+        requests = []
+        for op in ops:
+            seq = self.sock.next_seq()
+            requests.append((seq, encode(seq, index, op)))
+        outcomes = self.sock.execute(requests)
+        return settle_batch(
+            [f"{op.kind}_address" for op in ops],
+            [o.errno for o in outcomes],
+            lambda i: f"{ops[i]} on {self.device}",
+            self.counters,
+        )
+
+
+class AddressEvents:
+    """The kernel's notices of IPv4 addresses added to or removed from any interface (DHCP,
+    keepalived, kube-vip, ipvsproxy's own binds to kube-ipvs0)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+        self.sock.bind((0, rtnl_messages.RTMGRP_IPV4_IFADDR))
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def wait(self, timeout: float) -> set[int] | None:
+        """The interfaces whose addresses changed (empty when none within ``timeout``); None
+        when notices were lost (the socket's buffer overflowed): any may have changed."""
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        if not ready:
+            return set()
+        try:
+            data = self.sock.recv(1 << 16)
+        except OSError as exc:
+            if exc.errno == errno.ENOBUFS:
+                return None
+            raise
+        found = (rtnl_messages.address_event_ifindex(msg) for msg in codec.messages(data))
+        return {i for i in found if i is not None}

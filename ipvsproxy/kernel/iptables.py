@@ -1,0 +1,150 @@
+"""ipvsproxy's iptables chains, written with ``iptables-restore --noflush`` as upstream does.
+
+Only chains named in rules.py are declared (and so flushed and rewritten); built-in chains get
+our jump rules inserted once and are otherwise left alone, as are everyone else's chains. The
+binaries are whatever ``iptables-restore`` / ``iptables-save`` are on PATH, legacy or nft: the
+host decides, as with upstream's images.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ipvsproxy.core.ruleset import FILTER_CHAINS, JUMPS, NAT_CHAINS, Jump
+from ipvsproxy.kernel.errors import ApplyError, Counters, Rejected
+
+OURS = {"nat": set(NAT_CHAINS), "filter": set(FILTER_CHAINS)}
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What iptables-save shows of ipvsproxy: its chains' rules and which jumps are in place."""
+
+    fingerprint: str  # digest of our chains as the kernel reports them
+    missing_jumps: tuple[Jump, ...]
+
+
+class IPTables:
+    def __init__(self, restore: str = "iptables-restore", save: str = "iptables-save") -> None:
+        self.restore_cmd = restore
+        self.save_cmd = save
+        self.counters = Counters()
+        self.restore_failures = 0
+
+    def _save(self, table: str) -> str:
+        proc = subprocess.run([self.save_cmd, "-t", table], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise OSError(f"{self.save_cmd} -t {table} failed: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def read(self) -> Observed:
+        ours: list[str] = []
+        missing: list[Jump] = []
+        for table in ("nat", "filter"):
+            text = self._save(table)
+            lines = text.splitlines()
+            chains = OURS[table]
+            ours += [f"{table} {ln}" for ln in lines if _is_ours(ln, chains)]
+            for jump in JUMPS:
+                if jump.table == table and not any(_is_jump(ln, jump) for ln in lines):
+                    missing.append(jump)
+        digest = hashlib.sha256("\n".join(sorted(ours)).encode()).hexdigest()
+        return Observed(digest, tuple(missing))
+
+    def missing_jumps_checked(self) -> tuple[Jump, ...]:
+        """The jumps not in place, asked one at a time with ``iptables -C`` (as upstream's
+        EnsureRule): for when iptables-save fails. A jump to a chain not created yet is
+        missing too."""
+        missing = []
+        for jump in JUMPS:
+            check = [
+                "iptables", "-w", "5", "-t", jump.table, "-C", jump.chain,
+                "-m", "comment", "--comment", jump.comment, "-j", jump.target,
+            ]  # fmt: skip
+            if subprocess.run(check, capture_output=True).returncode != 0:
+                missing.append(jump)
+        return tuple(missing)
+
+    def apply(self, text: str, missing_jumps: Sequence[Jump] = ()) -> None:
+        """Rewrite our chains with ``text`` and insert the jumps that are missing."""
+        payload = _with_jumps(text, missing_jumps)
+        proc = subprocess.run(
+            [self.restore_cmd, "--noflush", "-w", "5"],
+            input=payload,
+            capture_output=True,
+            text=True,
+        )
+        ok = proc.returncode == 0
+        self.counters.count("restore", ok)
+        if not ok:
+            self.restore_failures += 1
+            raise ApplyError([Rejected(f"iptables-restore: {proc.stderr.strip()}", 22)], 0)
+
+    def remove(self) -> None:
+        """Delete our jumps and chains (cleanup). Chains that are absent are fine."""
+        for jump in JUMPS:
+            while (
+                subprocess.run(
+                    [
+                        "iptables",
+                        "-w",
+                        "5",
+                        "-t",
+                        jump.table,
+                        "-D",
+                        jump.chain,
+                        "-m",
+                        "comment",
+                        "--comment",
+                        jump.comment,
+                        "-j",
+                        jump.target,
+                    ],
+                    capture_output=True,
+                ).returncode
+                == 0
+            ):
+                pass
+        for table, chains in OURS.items():
+            for chain in sorted(chains):
+                subprocess.run(
+                    ["iptables", "-w", "5", "-t", table, "-F", chain], capture_output=True
+                )
+            for chain in sorted(chains):
+                subprocess.run(
+                    ["iptables", "-w", "5", "-t", table, "-X", chain], capture_output=True
+                )
+
+
+def _is_ours(line: str, chains: set[str]) -> bool:
+    if line.startswith(":"):
+        return line[1:].split(" ", 1)[0] in chains
+    if line.startswith("-A "):
+        return line.split(" ", 2)[1] in chains
+    return False
+
+
+def _is_jump(line: str, jump: Jump) -> bool:
+    return (
+        line.startswith(f"-A {jump.chain} ")
+        and f'--comment "{jump.comment}"' in line
+        and line.endswith(f"-j {jump.target}")
+    )
+
+
+def _with_jumps(text: str, jumps: Sequence[Jump]) -> str:
+    """Insert ``-I`` lines for missing jumps just before each table's COMMIT."""
+    if not jumps:
+        return text
+    out: list[str] = []
+    table = ""
+    for line in text.splitlines():
+        if line.startswith("*"):
+            table = line[1:]
+        if line == "COMMIT":
+            out += [f"-I {j.chain} 1 {j.spec()}" for j in jumps if j.table == table]
+        out.append(line)
+    return "\n".join(out) + "\n"

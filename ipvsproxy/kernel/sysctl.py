@@ -1,0 +1,50 @@
+"""Kernel settings IPVS forwarding needs, written only when they differ (upstream's list)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from ipvsproxy.kernel.errors import Counters
+
+PROC = Path("/proc/sys")
+
+
+def required(strict_arp: bool, kernel_release: str | None = None) -> dict[str, str]:
+    values = {
+        "net/ipv4/vs/conntrack": "1",
+        "net/ipv4/vs/expire_nodest_conn": "1",
+        "net/ipv4/vs/expire_quiescent_template": "1",
+        "net/ipv4/ip_forward": "1",
+    }
+    release = kernel_release or os.uname().release
+    major, minor = (int(x) for x in release.split(".")[:2])
+    # conn_reuse_mode 0 works around connection delays on kernels before 5.9
+    # (kubernetes #93297); later kernels fixed it and keep their own value.
+    if (4, 1) <= (major, minor) < (5, 9):
+        values["net/ipv4/vs/conn_reuse_mode"] = "0"
+    if strict_arp:
+        values["net/ipv4/conf/all/arp_ignore"] = "1"
+        values["net/ipv4/conf/all/arp_announce"] = "2"
+    return values
+
+
+class Sysctls:
+    def __init__(self, root: Path = PROC) -> None:
+        self.root = root
+        self.counters = Counters()
+
+    def read(self, names: Mapping[str, str]) -> dict[str, str]:
+        return {n: (self.root / n).read_text().strip() for n in names}
+
+    def ensure(self, values: Mapping[str, str]) -> list[str]:
+        """Set what differs; return the names written."""
+        current = self.read(values)
+        written = []
+        for name, value in values.items():
+            if current[name] != value:
+                (self.root / name).write_text(value)
+                self.counters.count("sysctl", True)
+                written.append(name)
+        return written

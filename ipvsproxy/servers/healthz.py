@@ -1,0 +1,98 @@
+"""/healthz and /livez with upstream kube-proxy's semantics and JSON body.
+
+As upstream's ProxyHealthServer (pkg/proxy/healthcheck/proxy_health.go): unhealthy only once
+the oldest change queued and not yet applied was queued the timeout ago or more (2 x syncPeriod
+by default); healthy while starting and after every sync that ran to its end. /healthz is also
+unhealthy while the node is being deleted or carries the ToBeDeletedByClusterAutoscaler taint.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipvsproxy.servers.httpserver import HTTPServer, Response, text
+
+
+def _rfc3339(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class HealthState:
+    timeout: float
+    last_updated: float | None = None  # when a sync last ran to its end (or the runner started)
+    oldest_queued: float | None = None  # when the oldest change queued since then was queued
+    node_eligible: bool = True
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def queued(self, now: float | None = None) -> None:
+        with self.lock:
+            if self.oldest_queued is None:
+                self.oldest_queued = now or time.time()
+
+    def updated(self, now: float | None = None) -> None:
+        with self.lock:
+            self.last_updated = now or time.time()
+            self.oldest_queued = None
+
+    def status(self, node_check: bool, now: float | None = None) -> tuple[int, dict[str, Any]]:
+        now = now or time.time()
+        with self.lock:
+            healthy = self.oldest_queued is None or now - self.oldest_queued < self.timeout
+            if node_check:
+                healthy = healthy and self.node_eligible
+            # Upstream answers lastUpdated = currentTime while healthy (its older releases'
+            # meaning: the sync loop ran recently).
+            body: dict[str, Any] = {
+                "lastUpdated": _rfc3339(now if healthy else self.last_updated),
+                "currentTime": _rfc3339(now),
+            }
+            if node_check:
+                body["nodeEligible"] = self.node_eligible
+        return (200 if healthy else 503), body
+
+
+# A route answers (status code, content type, body).
+Route = Callable[[], tuple[int, str, bytes]]
+
+
+def serve_routes(
+    address: str, routes: Mapping[str, Route], name: str, workers: int = 0
+) -> HTTPServer:
+    """GET on each path calls its route, served from a daemon thread (see
+    ipvsproxy.servers.httpserver: idle connections time out and cannot block a probe);
+    ``workers`` threads run routes that may wait."""
+    host, _, port = address.rpartition(":")
+
+    def handle(path: str) -> Response:
+        route = routes.get(path)
+        if route is None:
+            return text(404, "404 page not found")
+        code, ctype, data = route()
+        return Response(code, ctype, data)
+
+    return HTTPServer(host.strip("[]") or "0.0.0.0", int(port), handle, name, workers=workers)
+
+
+def json_route(produce: Callable[[], tuple[int, Any]]) -> Route:
+    def route() -> tuple[int, str, bytes]:
+        code, body = produce()
+        return code, "application/json", json.dumps(body).encode()
+
+    return route
+
+
+def serve(state: HealthState, address: str) -> HTTPServer:
+    routes = {
+        "/healthz": json_route(lambda: state.status(node_check=True)),
+        "/livez": json_route(lambda: state.status(node_check=False)),
+    }
+    return serve_routes(address, routes, "healthz")

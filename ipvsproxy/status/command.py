@@ -1,0 +1,189 @@
+"""``ipvsproxy status``: gathers the kernel's IPVS state, the daemon's /status document and the
+state file, and prints what ``ipvsproxy.status.view`` makes of them.
+
+Every source may be missing: without the daemon, names come from the state file; without that,
+they are unknown. The header says which view is shown. Only reading the kernel is required.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ipvsproxy.config import METRICS_PORT, ProxyConfig
+from ipvsproxy.core.virtual_servers import ServiceKey
+from ipvsproxy.status import view as V
+
+DEFAULT_METRICS_ADDRESS = f"127.0.0.1:{METRICS_PORT}"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--numeric", action="store_true", help="print ports as numbers")
+    counters = p.add_mutually_exclusive_group()
+    counters.add_argument(
+        "--stats", action="store_true", help="connections, packets and bytes (ipvsadm --stats)"
+    )
+    counters.add_argument(
+        "--rate", action="store_true", help="connections, packets and bytes per second"
+    )
+    p.add_argument("--service", metavar="NAMESPACE/NAME", help="only this Service's servers")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "wide", "json"),
+        default="table",
+        help="table (default), wide (more columns) or json (the documented schema)",
+    )
+    p.add_argument(
+        "--state-file",
+        default=ProxyConfig.state_path,
+        help=f"the daemon's state file (default {ProxyConfig.state_path})",
+    )
+    p.add_argument(
+        "--metrics-address",
+        "--status-address",
+        dest="metrics_address",
+        default=DEFAULT_METRICS_ADDRESS,
+        help="where the daemon serves /status: next to /metrics "
+        f"(default {DEFAULT_METRICS_ADDRESS}) unless its --status-bind-address moved it",
+    )
+    p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the daemon")
+
+
+def _fetch_daemon(url: str, timeout: float) -> tuple[V.DaemonView | None, str | None]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            doc = json.loads(resp.read())
+    except urllib.error.URLError as exc:
+        return None, str(exc.reason)
+    except (OSError, ValueError) as exc:
+        return None, str(exc)
+    try:
+        return V.parse_daemon_document(doc), None
+    except ValueError as exc:
+        return None, str(exc)
+
+
+def _read_state(path: Path) -> tuple[Any, float | None, str | None]:
+    from ipvsproxy.dataplane.statefile import StateFile
+
+    if not path.exists():
+        return None, None, None
+    try:
+        sf = StateFile(path)
+        state = sf.load()
+        if sf.unreadable:
+            return None, None, sf.unreadable
+        return state, path.stat().st_mtime, None
+    except (OSError, ValueError) as exc:
+        return None, None, str(exc)
+
+
+def _read_kernel() -> tuple[dict[ServiceKey, Any], set[str]]:
+    from ipvsproxy.kernel.addresses import Addresses
+    from ipvsproxy.kernel.ipvs import IPVS
+
+    ipvs = IPVS()
+    try:
+        kernel = {
+            key: (vs, traffic, ipvs.dests_with_traffic(key))
+            for key, (vs, traffic) in sorted(ipvs.services_with_traffic().items())
+        }
+    finally:
+        ipvs.close()
+    addresses = Addresses()
+    try:
+        bound = addresses.bound()
+    finally:
+        addresses.close()
+    return kernel, bound
+
+
+def _url(address: str) -> str:
+    host, _, port = address.rpartition(":")
+    host = host or "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}/status"
+
+
+def gather(args: argparse.Namespace) -> tuple[V.KernelView, V.Sources]:
+    """Read every source; the daemon is asked before and after the kernel so that a sync
+    landing in between is not reported as drift (tried three times, then shown as it is)."""
+    url = _url(args.metrics_address)
+    for _attempt in range(3):
+        daemon, error = _fetch_daemon(url, args.timeout)
+        kernel, bound = _read_kernel()
+        if daemon is None:
+            break
+        again, _ = _fetch_daemon(url, args.timeout)
+        if again is not None and (again.last_sync, again.pending) == (
+            daemon.last_sync,
+            daemon.pending,
+        ):
+            break
+    state, mtime, state_error = _read_state(Path(args.state_file))
+    ours = {k for k in kernel if k.address in bound}
+    if state is not None:
+        ours |= set(state.virtual_servers) & set(kernel)
+    if daemon is not None:
+        ours |= set(daemon.virtual_servers) & set(kernel)
+    sources = V.Sources(
+        daemon_url=url,
+        daemon=daemon,
+        daemon_error=error,
+        state_path=str(args.state_file),
+        state_identities=state.identities if state is not None else None,
+        state_time=mtime,
+        state_error=state_error,
+        ours=frozenset(ours),
+    )
+    return kernel, sources
+
+
+def _port_name(port: int, protocol: str) -> str:
+    """As ipvsadm without -n: the /etc/services name, where there is one for the protocol."""
+    proto = protocol.lower()
+    if proto not in ("tcp", "udp"):
+        return str(port)
+    try:
+        return socket.getservbyport(port, proto)
+    except OSError:
+        return str(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.service is not None and args.service.count("/") != 1:
+        print(
+            f"ipvsproxy status: --service wants NAMESPACE/NAME, not {args.service!r}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        kernel, sources = gather(args)
+    except OSError as exc:
+        print(f"ipvsproxy status: cannot read IPVS from the kernel: {exc}", file=sys.stderr)
+        return 1
+    report = V.build_report(kernel, sources, time.time(), args.service)
+    if args.service is not None and not report["virtualServers"]:
+        known = "names unknown" if report["view"] == V.VIEW_KERNEL else f"{report['view']} view"
+        print(
+            f"ipvsproxy status: no virtual server of service {args.service} on this node ({known})",
+            file=sys.stderr,
+        )
+        return 1
+    if args.output == "json":
+        json.dump(report, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+        return 0
+    counters = "stats" if args.stats else "rate" if args.rate else None
+    namer = V.numeric_port if args.numeric else _port_name
+    print(V.render_table(report, counters, args.output == "wide", namer))
+    return 0

@@ -1,0 +1,476 @@
+"""What ``ipvsproxy status`` shows, built from values: the kernel's virtual servers, the names
+and desired state the daemon serves (or the state file keeps), and nothing read here.
+
+Pure, so the report, the drift count and the table are tested without a kernel; the command
+in ``ipvsproxy/status/command.py`` gathers the inputs. The JSON report is a stable
+interface: its schema is documented in the README (``schemaVersion`` changes when a field changes
+meaning or goes).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipvsproxy.core.diff import DestOp, OpKind, diff_dests, diff_services
+from ipvsproxy.core.identities import (
+    EndpointIdentity,
+    Identities,
+    ServiceIdentity,
+    VirtualServerIdentity,
+    identities_from_json,
+    identities_to_json,
+)
+from ipvsproxy.core.virtual_servers import (
+    FWD_DROUTE,
+    FWD_LOCALNODE,
+    FWD_MASQ,
+    FWD_TUNNEL,
+    SVC_F_PERSISTENT,
+    DestKey,
+    ObservedDest,
+    Protocol,
+    RealServer,
+    RealServerLike,
+    ServiceKey,
+    Traffic,
+    VirtualServer,
+)
+
+SCHEMA_VERSION = 1
+DAEMON_DOCUMENT_VERSION = 1
+
+VIEW_DAEMON = "daemon"
+VIEW_STATE_FILE = "state-file"
+VIEW_KERNEL = "kernel"
+
+FORWARD_NAMES = {
+    FWD_MASQ: "Masq",
+    FWD_LOCALNODE: "Local",
+    FWD_TUNNEL: "Tunnel",
+    FWD_DROUTE: "Route",
+}
+
+# What the kernel holds: virtual server -> (its settings, its counters, its real servers).
+KernelDests = Mapping[DestKey, tuple[ObservedDest, Traffic]]
+KernelView = Mapping[ServiceKey, tuple[VirtualServer, Traffic, KernelDests]]
+
+
+def rfc3339(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# -- the daemon's /status document ---------------------------------------------------------
+
+
+def daemon_document(
+    node: str,
+    virtual_servers: Mapping[ServiceKey, VirtualServer],
+    real_servers: Mapping[ServiceKey, Mapping[DestKey, RealServerLike]],
+    identities: Mapping[str, ServiceIdentity],
+    last_sync: float | None,
+    pending: int,
+    invalid: Mapping[str, str],
+) -> dict[str, Any]:
+    """What the daemon serves at /status: its desired IPVS state and the names of things."""
+    desired = [
+        [
+            k.address,
+            k.protocol.value,
+            k.port,
+            vs.scheduler,
+            vs.flags,
+            vs.timeout,
+            vs.netmask,
+            [[d.address, d.port, rs.weight] for d, rs in sorted(real_servers.get(k, {}).items())],
+        ]
+        for k, vs in sorted(virtual_servers.items())
+    ]
+    return {
+        "version": DAEMON_DOCUMENT_VERSION,
+        "node": node,
+        "lastSync": last_sync,
+        "pendingChanges": pending,
+        "invalidServices": dict(sorted(invalid.items())),
+        "desired": desired,
+        "identities": identities_to_json(identities),
+    }
+
+
+@dataclass(frozen=True)
+class DaemonView:
+    node: str
+    last_sync: float | None
+    pending: int
+    invalid: Mapping[str, str]
+    virtual_servers: Mapping[ServiceKey, VirtualServer]
+    real_servers: Mapping[ServiceKey, Mapping[DestKey, RealServerLike]]
+    identities: Mapping[str, ServiceIdentity]
+
+
+def parse_daemon_document(doc: Mapping[str, Any]) -> DaemonView:
+    """Raises ValueError on a document this version cannot read."""
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"malformed daemon status document: not an object but {doc!r:.80}")
+    if doc.get("version") != DAEMON_DOCUMENT_VERSION:
+        raise ValueError(f"unsupported daemon status version {doc.get('version')!r}")
+    try:
+        vss: dict[ServiceKey, VirtualServer] = {}
+        rss: dict[ServiceKey, dict[DestKey, RealServerLike]] = {}
+        for addr, proto, port, sched, flags, timeout, netmask, dests in doc["desired"]:
+            key = ServiceKey(str(addr), Protocol(proto), int(port))
+            vss[key] = VirtualServer(key, str(sched), int(flags), int(timeout), int(netmask))
+            rss[key] = {
+                DestKey(str(a), int(p)): RealServer(DestKey(str(a), int(p)), int(w))
+                for a, p, w in dests
+            }
+        last = doc.get("lastSync")
+        return DaemonView(
+            node=str(doc.get("node") or ""),
+            last_sync=None if last is None else float(last),
+            pending=int(doc.get("pendingChanges") or 0),
+            invalid={str(k): str(v) for k, v in (doc.get("invalidServices") or {}).items()},
+            virtual_servers=vss,
+            real_servers=rss,
+            identities=identities_from_json(doc.get("identities") or {}),
+        )
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"malformed daemon status document: {exc!r}") from exc
+
+
+# -- drift -----------------------------------------------------------------------------------
+
+
+def drift(daemon: DaemonView, kernel: KernelView, ours: Collection[ServiceKey]) -> list[str]:
+    """The operations a full reconcile would write to IPVS now, as text.
+
+    A real server at weight 0 that the daemon no longer wants is draining by design (graceful
+    termination), not drift.
+    """
+    observed = {
+        k: vs for k, (vs, _t, _d) in kernel.items() if k in ours or k in daemon.virtual_servers
+    }
+    ops: list[str] = [
+        str(op) for op in diff_services(daemon.virtual_servers, observed, ours.__contains__)
+    ]
+    for key, want in sorted(daemon.real_servers.items()):
+        if key not in kernel:
+            continue
+        have = {d: od for d, (od, _t) in kernel[key][2].items()}
+        for op in diff_dests(key, want, have):
+            if not _draining(op, want, have):
+                ops.append(str(op))
+    return ops
+
+
+def _draining(
+    op: DestOp, want: Mapping[DestKey, RealServerLike], have: Mapping[DestKey, ObservedDest]
+) -> bool:
+    key = op.server.key
+    return (
+        key not in want
+        and key in have
+        and have[key].server.weight == 0
+        and op.kind
+        in (
+            OpKind.SET,
+            OpKind.DELETE,
+        )
+    )
+
+
+# -- the report (the JSON output) --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where the report's parts came from, for its header."""
+
+    daemon_url: str
+    daemon: DaemonView | None = None
+    daemon_error: str | None = None
+    state_path: str | None = None
+    state_identities: Mapping[str, ServiceIdentity] | None = None
+    state_time: float | None = None
+    state_error: str | None = None
+    ours: frozenset[ServiceKey] = field(default_factory=frozenset)
+
+
+def _traffic_json(t: Traffic) -> tuple[dict[str, int], dict[str, int]]:
+    stats = {
+        "connections": t.connections,
+        "inPackets": t.in_packets,
+        "outPackets": t.out_packets,
+        "inBytes": t.in_bytes,
+        "outBytes": t.out_bytes,
+    }
+    rate = {
+        "connectionsPerSecond": t.cps,
+        "inPacketsPerSecond": t.in_pps,
+        "outPacketsPerSecond": t.out_pps,
+        "inBytesPerSecond": t.in_bps,
+        "outBytesPerSecond": t.out_bps,
+    }
+    return stats, rate
+
+
+def _vs_json(
+    vs: VirtualServer, t: Traffic, ident: VirtualServerIdentity | None, ours: bool
+) -> dict[str, Any]:
+    stats, rate = _traffic_json(t)
+    persistent = bool(vs.flags & SVC_F_PERSISTENT)
+    return {
+        "protocol": vs.key.protocol.value,
+        "address": vs.key.address,
+        "port": vs.key.port,
+        "scheduler": vs.scheduler,
+        "flags": vs.flags,
+        "persistent": persistent,
+        "persistenceTimeout": vs.timeout if persistent else 0,
+        "netmask": vs.prefix_len,
+        "ours": ours,
+        "service": ident.service if ident else None,
+        "portName": ident.port_name if ident else None,
+        "servicePort": ident.port if ident else None,
+        "type": ident.type if ident else None,
+        "role": ident.role if ident else None,
+        "stats": stats,
+        "rate": rate,
+        "realServers": [],
+    }
+
+
+def _rs_json(od: ObservedDest, t: Traffic, ident: EndpointIdentity | None) -> dict[str, Any]:
+    stats, rate = _traffic_json(t)
+    rs = od.server
+    return {
+        "address": rs.key.address,
+        "port": rs.key.port,
+        "forward": FORWARD_NAMES.get(rs.fwd_method, str(rs.fwd_method)),
+        "weight": rs.weight,
+        "terminating": rs.weight == 0,
+        "activeConnections": od.stats.active,
+        "inactiveConnections": od.stats.inactive,
+        "persistentConnections": od.stats.persistent,
+        "pod": ident.pod if ident else None,
+        "node": ident.node if ident else None,
+        "stats": stats,
+        "rate": rate,
+    }
+
+
+def _daemon_json(src: Sources, now: float) -> dict[str, Any]:
+    d = src.daemon
+    return {
+        "running": d is not None,
+        "url": src.daemon_url,
+        "error": src.daemon_error,
+        "lastSync": rfc3339(d.last_sync) if d else None,
+        "secondsSinceSync": round(now - d.last_sync, 3) if d and d.last_sync else None,
+        "pendingChanges": d.pending if d else None,
+        "invalidServices": dict(d.invalid) if d else {},
+    }
+
+
+def build_report(
+    kernel: KernelView, src: Sources, now: float, service: str | None = None
+) -> dict[str, Any]:
+    """The status report; ``service`` (namespace/name) keeps only that Service's servers."""
+    if src.daemon is not None:
+        view, by_service = VIEW_DAEMON, src.daemon.identities
+        ops: list[str] | None = drift(src.daemon, kernel, src.ours)
+    elif src.state_identities is not None:
+        view, by_service, ops = VIEW_STATE_FILE, src.state_identities, None
+    else:
+        view, by_service, ops = VIEW_KERNEL, {}, None
+    names = Identities(by_service.values())
+    servers = []
+    for key, (vs, traffic, dests) in sorted(kernel.items()):
+        ident = names.virtual_server(key)
+        if service is not None and (ident is None or ident.service != service):
+            continue
+        entry = _vs_json(vs, traffic, ident, key in src.ours)
+        entry["realServers"] = [
+            _rs_json(od, t, names.endpoint(d.address)) for d, (od, t) in sorted(dests.items())
+        ]
+        servers.append(entry)
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "node": src.daemon.node if src.daemon else None,
+        "view": view,
+        "generatedAt": rfc3339(now),
+        "daemon": _daemon_json(src, now),
+        "stateFile": {
+            "path": src.state_path,
+            "modified": rfc3339(src.state_time),
+            "error": src.state_error,
+        },
+        "drift": {"count": None if ops is None else len(ops), "operations": ops or []},
+        "virtualServers": servers,
+    }
+
+
+# -- the table -------------------------------------------------------------------------------
+
+PortNamer = Callable[[int, str], str]  # (port, protocol) -> what to print for the port
+
+
+def numeric_port(port: int, _protocol: str) -> str:
+    return str(port)
+
+
+def _hostport(address: str, port: int, proto: str, namer: PortNamer) -> str:
+    host = f"[{address}]" if ":" in address else address
+    return f"{host}:{namer(port, proto)}"
+
+
+def header_lines(report: Mapping[str, Any]) -> list[str]:
+    d = report["daemon"]
+    node = report["node"] or "this node"
+    if d["running"]:
+        since = d["secondsSinceSync"]
+        synced = "not synced yet" if since is None else f"last sync {since:.1f} s ago"
+        state = f"daemon running, {synced}, {d['pendingChanges']} changes pending"
+    else:
+        state = f"daemon not running ({d['error']})"
+    count = report["drift"]["count"]
+    if count is None:
+        drifted = "drift unknown without the daemon"
+    elif count == 0:
+        drifted = "kernel matches the desired state (drift 0)"
+    else:
+        drifted = f"kernel differs from the desired state (drift {count})"
+    lines = [f"ipvsproxy on {node}: {state}; {drifted}"]
+    sf = report["stateFile"]
+    if report["view"] == VIEW_DAEMON:
+        lines.append("view: daemon (desired state and names from the daemon; kernel read now)")
+    elif report["view"] == VIEW_STATE_FILE:
+        lines.append(f"view: kernel + state file (names as of {sf['modified']} from {sf['path']})")
+    else:
+        why = sf["error"] or f"no state file at {sf['path']}"
+        lines.append(f"view: kernel only ({why}; names unknown)")
+    for service, why in sorted(d["invalidServices"].items()):
+        lines.append(f"invalid service {service}: {why}")
+    return lines
+
+
+def _weight(rs: Mapping[str, Any]) -> str:
+    return "0 (terminating)" if rs["terminating"] else str(rs["weight"])
+
+
+def _flags(vs: Mapping[str, Any]) -> str:
+    parts = []
+    if vs["persistent"]:
+        parts.append(f"persistent {vs['persistenceTimeout']}")
+        full = 128 if ":" in vs["address"] else 32
+        if vs["netmask"] != full:
+            parts.append(f"mask /{vs['netmask']}")
+    return " ".join(parts)
+
+
+_COUNTERS = {
+    "stats": (
+        ("Conns", "connections"),
+        ("InPkts", "inPackets"),
+        ("OutPkts", "outPackets"),
+        ("InBytes", "inBytes"),
+        ("OutBytes", "outBytes"),
+    ),
+    "rate": (
+        ("CPS", "connectionsPerSecond"),
+        ("InPPS", "inPacketsPerSecond"),
+        ("OutPPS", "outPacketsPerSecond"),
+        ("InBPS", "inBytesPerSecond"),
+        ("OutBPS", "outBytesPerSecond"),
+    ),
+}
+
+
+def _vs_cells(
+    vs: Mapping[str, Any], counters: str | None, wide: bool, namer: PortNamer
+) -> list[str]:
+    cells = [vs["protocol"], _hostport(vs["address"], vs["port"], vs["protocol"], namer)]
+    if counters:
+        cells += [str(vs[counters][k]) for _h, k in _COUNTERS[counters]]
+    else:
+        cells += [vs["scheduler"], _flags(vs)]
+    label = f"{vs['service']}:{vs['portName'] or vs['servicePort']}" if vs["service"] else "?"
+    if not vs["ours"] and not vs["service"]:
+        label = "(not ipvsproxy's)"
+    cells += [label, vs["type"] or "?"]
+    if wide:
+        cells += [vs["role"] or "?", f"0x{vs['flags']:x}"]
+    return cells
+
+
+def _rs_cells(
+    rs: Mapping[str, Any], proto: str, counters: str | None, wide: bool, namer: PortNamer
+) -> list[str]:
+    cells = ["  ->", _hostport(rs["address"], rs["port"], proto, namer)]
+    if counters:
+        cells += [str(rs[counters][k]) for _h, k in _COUNTERS[counters]]
+    else:
+        cells += [
+            rs["forward"],
+            _weight(rs),
+            str(rs["activeConnections"]),
+            str(rs["inactiveConnections"]),
+        ]
+    cells += [rs["pod"] or "?", rs["node"] or "?"]
+    if wide:
+        cells += [str(rs["persistentConnections"])]
+    return cells
+
+
+def _headers(counters: str | None, wide: bool) -> tuple[list[str], list[str]]:
+    vs = ["Prot", "LocalAddress:Port"]
+    rs = ["  ->", "RemoteAddress:Port"]
+    if counters:
+        names = [h for h, _k in _COUNTERS[counters]]
+        vs += names
+        rs += names
+    else:
+        vs += ["Scheduler", "Flags"]
+        rs += ["Forward", "Weight", "ActiveConn", "InActConn"]
+    vs += ["Service", "Type"]
+    rs += ["Pod", "Node"]
+    if wide:
+        vs += ["Role", "RawFlags"]
+        rs += ["PersistConn"]
+    return vs, rs
+
+
+def _aligned(rows: Sequence[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def render_table(
+    report: Mapping[str, Any],
+    counters: str | None = None,
+    wide: bool = False,
+    namer: PortNamer = numeric_port,
+) -> str:
+    """An ``ipvsadm -Ln``-like table; ``counters`` is None, "stats" or "rate".
+
+    Virtual-server rows and real-server rows each align under their own header line, as
+    ipvsadm's two header lines do; columns are separated by at least two spaces.
+    """
+    vs_head, rs_head = _headers(counters, wide)
+    vs_rows, rs_rows, order = [vs_head], [rs_head], []
+    for vs in report["virtualServers"]:
+        order.append(("vs", len(vs_rows)))
+        vs_rows.append(_vs_cells(vs, counters, wide, namer))
+        for rs in vs["realServers"]:
+            order.append(("rs", len(rs_rows)))
+            rs_rows.append(_rs_cells(rs, vs["protocol"], counters, wide, namer))
+    vs_text, rs_text = _aligned(vs_rows), _aligned(rs_rows)
+    lines = [*header_lines(report), vs_text[0], rs_text[0]]
+    lines += [vs_text[i] if kind == "vs" else rs_text[i] for kind, i in order]
+    if not report["virtualServers"]:
+        lines.append("(no virtual servers)")
+    return "\n".join(lines)

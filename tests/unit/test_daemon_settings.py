@@ -1,0 +1,129 @@
+"""Daemon pieces that need no kernel: conntrack settings, the local detector, JSON logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from typing import Any, cast
+
+import pytest
+
+from ipvsproxy.config import build
+from ipvsproxy.daemon import proxy as daemon
+from ipvsproxy.daemon.proxy import conntrack_sysctls, rules_config
+from ipvsproxy.dataplane.dataplane import SyncResult
+from ipvsproxy.process import logs
+from ipvsproxy.servers.metrics import Metrics
+
+
+def test_conntrack_settings_follow_upstream() -> None:
+    cfg = build(None, [])
+    values = conntrack_sysctls(cfg, cores=2)
+    # max(maxPerCore x cores, min): 32768 x 2 < 131072.
+    assert values["net/netfilter/nf_conntrack_max"] == "131072"
+    assert values["net/netfilter/nf_conntrack_tcp_timeout_established"] == "86400"
+    assert values["net/netfilter/nf_conntrack_tcp_timeout_close_wait"] == "3600"
+    assert "net/netfilter/nf_conntrack_udp_timeout" not in values  # 0 leaves it
+    cfg = build(None, ["--conntrack-max-per-core", "0", "--conntrack-udp-timeout", "30s"])
+    values = conntrack_sysctls(cfg, cores=64)
+    assert "net/netfilter/nf_conntrack_max" not in values
+    assert values["net/netfilter/nf_conntrack_udp_timeout"] == "30"
+    assert "net/netfilter/nf_conntrack_tcp_be_liberal" not in values  # false leaves it
+    cfg = build(None, ["--conntrack-tcp-be-liberal"])
+    assert conntrack_sysctls(cfg, cores=2)["net/netfilter/nf_conntrack_tcp_be_liberal"] == "1"
+
+
+def test_oom_score_adj_is_written_at_start(tmp_path: Any) -> None:
+    target = tmp_path / "oom_score_adj"
+    daemon.set_oom_score_adj(build(None, []).oom_score_adj, str(target))
+    assert target.read_text() == "-999\n"  # upstream's default
+    daemon.set_oom_score_adj(-1000, str(tmp_path / "missing" / "oom_score_adj"))  # logged only
+
+
+def test_a_server_that_cannot_bind_exits_only_with_bind_address_hard_fail() -> None:
+    import socket
+
+    stop = threading.Event()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started: list[Any] = []
+
+        def start() -> None:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+                s.bind(("127.0.0.1", port))
+            started.append(port)
+
+        assert not daemon.start_server("health", start, True, stop)
+        assert daemon.start_server("health", start, False, stop, retry=0.05)
+    deadline = time.monotonic() + 10
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    assert started == [port]  # tried again until the port was free
+
+
+def test_the_tcp_drain_bound_is_a_setting_and_zero_means_none() -> None:
+    assert daemon.drain_seconds(build(None, [])) == 15 * 60  # the default: 15 minutes
+    assert daemon.drain_seconds(build(None, ["--ipvs-drain-timeout", "2m"])) == 120.0
+    # 0: as upstream, a real server drains until it has no connections left.
+    assert daemon.drain_seconds(build(None, ["--ipvs-drain-timeout", "0"])) == math.inf
+
+
+def test_local_detector_comes_from_the_configuration() -> None:
+    cfg = build(None, ["--detect-local-mode", "BridgeInterface", "--pod-bridge-interface", "cni0"])
+    assert rules_config(cfg).if_not_local() == "! -i cni0"
+    cfg = build(None, ["--cluster-cidr", "10.244.0.0/16"])
+    assert rules_config(cfg).if_not_local() == "! -s 10.244.0.0/16"
+
+
+def test_json_logs_are_one_object_per_line() -> None:
+    logs.setup("json", 0)
+    handler = logging.getLogger().handlers[0]
+    record = logging.LogRecord(
+        "ipvsproxy", logging.WARNING, __file__, 1, "service %s: bad", ("default/web",), None
+    )
+    line = handler.format(record)
+    body = json.loads(line)
+    assert body["level"] == "warning"
+    assert body["msg"] == "service default/web: bad"
+    assert body["ts"].endswith("Z") and "\n" not in line
+
+
+def test_programming_latency_starts_at_the_trigger_annotation() -> None:
+    from ipvsproxy.daemon.proxy import TRIGGER_ANNOTATION, _trigger_time
+
+    sl = {"metadata": {"annotations": {TRIGGER_ANNOTATION: "2026-12-02T15:04:05Z"}}}
+    assert _trigger_time(sl) == 1796223845.0
+    assert _trigger_time({"metadata": {}}) is None
+    assert _trigger_time({"metadata": {"annotations": {TRIGGER_ANNOTATION: "garbage"}}}) is None
+
+
+def test_the_first_full_sync_runs_at_once_on_a_freshly_booted_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The monotonic clock starts near 0 at boot: a long sync period must not delay the first
+    sync of a node that booted a moment ago (it did, by up to one sync period)."""
+    real = time.monotonic
+    start = real()
+    monkeypatch.setattr(time, "monotonic", lambda: real() - start + 5.0)  # 5 s uptime
+    cfg = build(None, ["--ipvs-sync-period", "1h"])
+    proxy = daemon.Proxy(cfg, cast(Any, None), Metrics())
+    calls: list[str] = []
+
+    def reconcile() -> SyncResult:
+        calls.append("reconcile")
+        proxy.stop.set()
+        return SyncResult(full=True)
+
+    monkeypatch.setattr(proxy, "reconcile", reconcile)
+    runner = threading.Thread(target=proxy.run, daemon=True)
+    runner.start()
+    runner.join(timeout=10)
+    proxy.stop.set()
+    assert calls == ["reconcile"]

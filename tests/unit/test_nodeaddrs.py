@@ -1,0 +1,73 @@
+"""nodePortAddresses: which node addresses carry NodePorts."""
+
+from __future__ import annotations
+
+import pytest
+
+from ipvsproxy.core.node_addresses import (
+    InvalidNodePortAddresses,
+    local_addresses,
+    node_ip,
+    node_port_addresses,
+)
+
+ADDRS = [
+    (1, "127.0.0.1"),
+    (2, "192.168.56.11"),
+    (3, "10.244.1.1"),
+    (4, "10.96.0.10"),  # on kube-ipvs0
+    (4, "192.168.56.11"),  # also on kube-ipvs0, but eth0 has it too
+    (2, "169.254.3.3"),
+]
+
+
+def test_default_is_every_local_address_but_loopback_link_local_and_the_dummy() -> None:
+    assert node_port_addresses(ADDRS, dummy_index=4) == ("10.244.1.1", "192.168.56.11")
+    assert local_addresses(ADDRS, 4) == {"10.244.1.1", "192.168.56.11"}
+
+
+def test_cidrs_and_primary_narrow_it() -> None:
+    assert node_port_addresses(ADDRS, 4, ["192.168.56.0/24"]) == ("192.168.56.11",)
+    assert node_port_addresses(ADDRS, 4, ["primary"], primary_ip="192.168.56.11") == (
+        "192.168.56.11",
+    )
+    assert node_port_addresses(ADDRS, 4, ["10.96.0.0/12"]) == ()
+
+
+def test_a_bad_entry_is_a_clear_error() -> None:
+    with pytest.raises(InvalidNodePortAddresses, match="'nope'"):
+        node_port_addresses(ADDRS, 4, ["nope"])
+
+
+NODE = {
+    "metadata": {"name": "node-1"},
+    "status": {
+        "addresses": [
+            {"type": "Hostname", "address": "node-1"},
+            {"type": "ExternalIP", "address": "203.0.113.5"},
+            {"type": "InternalIP", "address": "fd00::11"},
+            {"type": "InternalIP", "address": "192.168.56.11"},
+        ]
+    },
+}
+
+
+def test_node_ip_follows_upstreams_detect_node_ips() -> None:
+    # InternalIP before ExternalIP whatever the order listed; this proxier's family only.
+    assert node_ip("0.0.0.0", NODE) == "192.168.56.11"
+    # A bindAddress that is not unspecified wins; one of the other family does not count.
+    assert node_ip("10.0.0.7", NODE) == "10.0.0.7"
+    assert node_ip("fd00::7", NODE) == "192.168.56.11"
+    external_only = {"status": {"addresses": [{"type": "ExternalIP", "address": "203.0.113.5"}]}}
+    assert node_ip("0.0.0.0", external_only) == "203.0.113.5"
+    # Nothing to go by: None (the daemon falls back to 127.0.0.1 and warns).
+    assert node_ip("0.0.0.0", None) is None
+    assert node_ip("0.0.0.0", {"status": {"addresses": [{"type": "Hostname"}]}}) is None
+
+
+def test_primary_is_the_node_ip_when_it_is_a_local_address() -> None:
+    # The string-smallest local address (the pod bridge, 10.244.1.1) is not the node IP.
+    ip = node_ip("0.0.0.0", NODE)
+    assert node_port_addresses(ADDRS, 4, ["primary"], primary_ip=ip) == ("192.168.56.11",)
+    # A node IP the node does not have (yet) carries no NodePort.
+    assert node_port_addresses(ADDRS, 4, ["primary"], primary_ip="192.168.56.99") == ()

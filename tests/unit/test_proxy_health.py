@@ -1,0 +1,160 @@
+"""/healthz and /livez follow upstream's pkg/proxy/healthcheck/proxy_health.go (issue 13 A2).
+
+Upstream: healthy while starting (the sync loop marks itself updated when it starts, and
+nothing is queued before the initial lists are done); a change queues an update unless one is
+queued already; every sync that runs to its end marks the proxier updated and clears the queue,
+per-object failures included (only iptables-restore failing stops a sync short of it); unhealthy
+once the oldest queued update is older than the timeout. Over the host benchmark's stand-in
+backends; a refused operation is reported (Event, metric, status), not node ill-health.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import host
+from ipvsproxy.config import build
+from ipvsproxy.daemon import proxy as daemon
+from ipvsproxy.dataplane.dataplane import SyncResult
+from ipvsproxy.kernel.errors import ApplyError, Rejected
+from ipvsproxy.servers.healthz import HealthState
+from ipvsproxy.servers.metrics import Metrics
+from tests.unit.k8s_objects import endpoint, endpoint_slice, service
+from tests.unit.test_containment import Boom, Recorder
+
+TIMEOUT = 2 * 30.0  # 2 x the default syncPeriod
+
+
+class Synced:
+    """An informer whose initial list is done (or not)."""
+
+    def __init__(self, name: str, done: bool = True) -> None:
+        self.name = name
+        self.synced = threading.Event()
+        if done:
+            self.synced.set()
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[host.Host]:
+    h = host.new_host(tmp_path)
+    yield h
+    h.close()
+
+
+def _proxy(h: host.Host) -> Any:
+    proxy: Any = daemon.Proxy(build(None, []), h.dp, Metrics())
+    proxy.events = Recorder()
+    proxy.informers = [Synced("services"), Synced("endpointslices")]
+    return proxy
+
+
+def _add(proxy: Any, name: str, ip: str) -> None:
+    sl = endpoint_slice(name, [endpoint("10.244.1.11")])
+    proxy.on_service(f"default/{name}", None, service(name, ip))
+    proxy.on_slice(f"default/{sl['metadata']['name']}", None, sl)
+
+
+def _code(proxy: Any, after: float) -> int:
+    """/livez's status ``after`` seconds from now."""
+    code: int = proxy.health.status(node_check=False, now=time.time() + after)[0]
+    return code
+
+
+def test_healthy_while_starting_as_upstream() -> None:
+    state = HealthState(timeout=TIMEOUT)
+    assert state.status(node_check=True)[0] == 200
+    assert state.status(node_check=False, now=time.time() + 10 * TIMEOUT)[0] == 200
+
+
+def test_changes_before_the_initial_lists_are_done_queue_nothing(h: host.Host) -> None:
+    proxy = _proxy(h)
+    proxy.informers = [Synced("services", done=False), Synced("endpointslices")]
+    _add(proxy, "web", "10.96.0.10")
+    assert _code(proxy, TIMEOUT + 1) == 200
+    proxy.informers[0].synced.set()
+    _add(proxy, "web2", "10.96.0.11")  # now it queues
+    assert _code(proxy, 1) == 200
+    assert _code(proxy, TIMEOUT + 1) == 503
+
+
+def test_the_runner_marks_the_proxy_updated_when_it_starts(h: host.Host) -> None:
+    proxy = _proxy(h)
+    proxy.informers = [Synced("services", done=False), Synced("endpointslices")]
+    runner = threading.Thread(target=proxy.run, daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while proxy.health.last_updated is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proxy.health.last_updated is not None
+    finally:
+        proxy.stop.set()
+        runner.join(timeout=10)
+
+
+def _refuse(h: host.Host, address: str) -> None:
+    """The kernel refuses every IPVS operation on ``address``; the rest of a batch applies."""
+    apply = h.dp.backends.ipvs.apply
+
+    def refusing(ops: Any) -> int:
+        bad = [i for i, op in enumerate(ops) if address in str(op)]
+        applied = apply([op for i, op in enumerate(ops) if i not in bad])
+        if bad:
+            rejected = [Rejected(str(ops[i]), errno.EINVAL) for i in bad]
+            raise ApplyError(rejected, applied, frozenset(bad))
+        return applied
+
+    h.dp.backends.ipvs.apply = refusing  # type: ignore[method-assign]
+
+
+def test_a_sync_with_a_refused_operation_keeps_the_proxy_healthy(h: host.Host) -> None:
+    proxy = _proxy(h)
+    _refuse(h, "10.96.0.20")
+    _add(proxy, "good", "10.96.0.10")
+    proxy.on_service("default/bad", None, service("bad", "10.96.0.20"))
+    result = proxy.apply_changes()
+    assert set(result.failed) == {"default/bad"}
+    assert _code(proxy, TIMEOUT + 1) == 200
+    # Reported instead: a Warning Event, the gauge, the status.
+    assert [(s, r) for s, r, _ in proxy.events.events] == [("default/bad", "FailedToProgram")]
+    assert proxy.metrics.registry.get_sample_value("ipvsproxy_failed_services") == 1.0
+    assert "default/bad" in proxy.status_document()["invalidServices"]
+    assert proxy.last_sync is not None
+
+
+def test_a_change_queued_during_a_sync_is_cleared_by_its_end_as_upstream(h: host.Host) -> None:
+    proxy = _proxy(h)
+    _add(proxy, "web", "10.96.0.10")
+    sync = h.dp.sync
+
+    def sync_while_a_change_arrives() -> SyncResult:
+        _add(proxy, "web2", "10.96.0.11")
+        return sync()
+
+    h.dp.sync = sync_while_a_change_arrives  # type: ignore[method-assign]
+    proxy.apply_changes()
+    assert proxy.dirty  # web2 waits for the next sync
+    assert _code(proxy, TIMEOUT + 1) == 200
+
+
+def test_rules_that_cannot_be_written_turn_unhealthy_after_the_timeout(h: host.Host) -> None:
+    """As upstream's failed iptables-restore: that sync does not mark the proxier updated."""
+    proxy = _proxy(h)
+
+    def raising(text: str, missing: Any = ()) -> None:
+        raise Boom("iptables-restore: Resource temporarily unavailable")
+
+    h.dp.backends.iptables.apply = raising  # type: ignore[method-assign,assignment]
+    _add(proxy, "web", "10.96.0.10")
+    result = proxy.apply_changes()
+    assert not result.complete
+    assert _code(proxy, 1) == 200
+    assert _code(proxy, TIMEOUT + 1) == 503
