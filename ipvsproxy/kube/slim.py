@@ -258,7 +258,7 @@ class Ref(Slots):
         return cls(None, None, name, namespace)
 
 
-class Endpoint(Slots):
+class SliceEndpoint(Slots):
     """One endpoint of a slice, as the planner and the health checks read it. Its one address
     is held as the string, and a targetRef naming a Pod of the slice's namespace as the Pod's
     ``namespace/name`` path (``pod``): the tuple and the Ref each were ~6 MiB at 100,000
@@ -295,7 +295,7 @@ class Endpoint(Slots):
         return r if type(r) is str else getattr(r, "pod", None)
 
 
-def _endpoint(ep: Mapping[str, Any], namespace: Any) -> Endpoint:
+def _endpoint(ep: Mapping[str, Any], namespace: Any) -> SliceEndpoint:
     values: Obj = {"addresses": ep.get("addresses")}
     values["conditions"] = _conditions(ep.get("conditions"))
     for k in _SLICE_ENDPOINT:
@@ -313,7 +313,7 @@ def _endpoint(ep: Mapping[str, Any], namespace: Any) -> Endpoint:
         )
     elif ref is not None:
         values["targetRef"] = ref  # malformed: kept as sent, for the planner to judge
-    return Endpoint(values)
+    return SliceEndpoint(values)
 
 
 @_or_whole

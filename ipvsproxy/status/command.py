@@ -19,7 +19,7 @@ from typing import Any
 
 from ipvsproxy.config import METRICS_PORT, ProxyConfig
 from ipvsproxy.core.virtual_servers import ServiceKey
-from ipvsproxy.status import view as V
+from ipvsproxy.status import view
 
 DEFAULT_METRICS_ADDRESS = f"127.0.0.1:{METRICS_PORT}"
 
@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the daemon")
 
 
-def _fetch_daemon(url: str, timeout: float) -> tuple[V.DaemonView | None, str | None]:
+def _fetch_daemon(url: str, timeout: float) -> tuple[view.DaemonView | None, str | None]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             doc = json.loads(resp.read())
@@ -66,7 +66,7 @@ def _fetch_daemon(url: str, timeout: float) -> tuple[V.DaemonView | None, str | 
     except (OSError, ValueError) as exc:
         return None, str(exc)
     try:
-        return V.parse_daemon_document(doc), None
+        return view.parse_daemon_document(doc), None
     except ValueError as exc:
         return None, str(exc)
 
@@ -114,7 +114,7 @@ def _url(address: str) -> str:
     return f"http://{host}:{port}/status"
 
 
-def gather(args: argparse.Namespace) -> tuple[V.KernelView, V.Sources]:
+def gather(args: argparse.Namespace) -> tuple[view.KernelView, view.Sources]:
     """Read every source; the daemon is asked before and after the kernel so that a sync
     landing in between is not reported as drift (tried three times, then shown as it is)."""
     url = _url(args.metrics_address)
@@ -135,7 +135,7 @@ def gather(args: argparse.Namespace) -> tuple[V.KernelView, V.Sources]:
         ours |= set(state.virtual_servers) & set(kernel)
     if daemon is not None:
         ours |= set(daemon.virtual_servers) & set(kernel)
-    sources = V.Sources(
+    sources = view.Sources(
         daemon_url=url,
         daemon=daemon,
         daemon_error=error,
@@ -171,9 +171,9 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"ipvsproxy status: cannot read IPVS from the kernel: {exc}", file=sys.stderr)
         return 1
-    report = V.build_report(kernel, sources, time.time(), args.service)
+    report = view.build_report(kernel, sources, time.time(), args.service)
     if args.service is not None and not report["virtualServers"]:
-        known = "names unknown" if report["view"] == V.VIEW_KERNEL else f"{report['view']} view"
+        known = "names unknown" if report["view"] == view.VIEW_KERNEL else f"{report['view']} view"
         print(
             f"ipvsproxy status: no virtual server of service {args.service} on this node ({known})",
             file=sys.stderr,
@@ -184,6 +184,6 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     counters = "stats" if args.stats else "rate" if args.rate else None
-    namer = V.numeric_port if args.numeric else _port_name
-    print(V.render_table(report, counters, args.output == "wide", namer))
+    namer = view.numeric_port if args.numeric else _port_name
+    print(view.render_table(report, counters, args.output == "wide", namer))
     return 0

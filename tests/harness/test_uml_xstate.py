@@ -40,7 +40,7 @@ def test_the_override_forces_or_forbids_the_wrapper(monkeypatch: pytest.MonkeyPa
     assert xstate.printf_exports() == ""
     monkeypatch.setenv(xstate.OVERRIDE, "1")
     wrapped = xstate.adapt(argv)
-    assert wrapped[:3] == [sys.executable, "-I", str(REPO / "lab" / "xstate.py")]
+    assert wrapped[:3] == [sys.executable, "-I", str(REPO / "lab" / "uml" / "xstate.py")]
     assert wrapped[3:5] == argv
     assert f"GLIBC_TUNABLES={xstate.GUEST_GLIBC_TUNABLES}" in wrapped[5:]
     assert f"OPENSSL_ia32cap={xstate.GUEST_OPENSSL_IA32CAP}" in wrapped[5:]

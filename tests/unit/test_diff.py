@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ipvsproxy.core import ipset_specs as S
+from ipvsproxy.core import ipset_specs
 from ipvsproxy.core.desired import Changes, DesiredState
 from ipvsproxy.core.diff import (
     AddressOp,
@@ -127,14 +127,16 @@ def test_desired_state_reports_addresses_and_rules_and_answers_for_kube_ipvs_ips
         "default/web", plan_service(service("web", "10.96.0.10"), [], node, PlanConfig())
     )
     assert changes.addresses == {"10.96.0.10"}
-    assert changes.members[S.IPVS_IPS] == {"10.96.0.10"}
+    assert changes.members[ipset_specs.IPVS_IPS] == {"10.96.0.10"}
     assert changes.rules  # KUBE-CLUSTER-IP and KUBE-IPVS-IPS are no longer empty
-    assert set(state.member_keys(S.IPVS_IPS)) == {"10.96.0.10"}
-    assert state.has_member(S.IPVS_IPS, "10.96.0.10")
-    assert not state.has_member(S.IPVS_IPS, "10.96.0.11")
-    assert state.members_among(S.IPVS_IPS, {"10.96.0.10", "10.96.0.11"}) == {"10.96.0.10"}
-    assert state.members_among(S.CLUSTER_IP, {"10.96.0.10,tcp:80", "x"}) == {"10.96.0.10,tcp:80"}
-    assert state.nonempty_sets() == {S.CLUSTER_IP, S.IPVS_IPS}
+    assert set(state.member_keys(ipset_specs.IPVS_IPS)) == {"10.96.0.10"}
+    assert state.has_member(ipset_specs.IPVS_IPS, "10.96.0.10")
+    assert not state.has_member(ipset_specs.IPVS_IPS, "10.96.0.11")
+    assert state.members_among(ipset_specs.IPVS_IPS, {"10.96.0.10", "10.96.0.11"}) == {"10.96.0.10"}
+    assert state.members_among(ipset_specs.CLUSTER_IP, {"10.96.0.10,tcp:80", "x"}) == {
+        "10.96.0.10,tcp:80"
+    }
+    assert state.nonempty_sets() == {ipset_specs.CLUSTER_IP, ipset_specs.IPVS_IPS}
     # The same plan again: nothing changed, the rules neither.
     again = state.update(
         "default/web", plan_service(service("web", "10.96.0.10"), [], node, PlanConfig())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from ipvsproxy.process import malloc_tuning as mallocpolicy
+from ipvsproxy.process import malloc_tuning
 from ipvsproxy.process.malloc_tuning import M_ARENA_MAX, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 
 
@@ -21,7 +21,7 @@ class Recorder:
 
 def test_every_setting_is_applied_when_the_operator_set_none() -> None:
     rec = Recorder()
-    applied = mallocpolicy.configure({}, rec)
+    applied = malloc_tuning.configure({}, rec)
     assert rec.calls == [(M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, 131072), (M_TRIM_THRESHOLD, 131072)]
     assert applied == {
         "MALLOC_ARENA_MAX": 1,
@@ -32,19 +32,19 @@ def test_every_setting_is_applied_when_the_operator_set_none() -> None:
 
 def test_the_operators_variable_wins() -> None:
     rec = Recorder()
-    applied = mallocpolicy.configure({"MALLOC_ARENA_MAX": "4"}, rec)
+    applied = malloc_tuning.configure({"MALLOC_ARENA_MAX": "4"}, rec)
     assert (M_ARENA_MAX, 1) not in rec.calls
     assert "MALLOC_ARENA_MAX" not in applied
     assert set(applied) == {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}
 
 
 def test_a_setting_the_library_refuses_is_not_reported() -> None:
-    assert mallocpolicy.configure({}, Recorder(result=0)) == {}
+    assert malloc_tuning.configure({}, Recorder(result=0)) == {}
 
 
 def test_glibc_accepts_them() -> None:
     """In a fresh interpreter (this one's allocator is left as it is)."""
-    code = "from ipvsproxy import mallocpolicy; print(sorted(mallocpolicy.configure({})))"
+    code = "from ipvsproxy.process import malloc_tuning; print(sorted(malloc_tuning.configure({})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[0] == str(
         ["MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"]

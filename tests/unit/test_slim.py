@@ -1,4 +1,4 @@
-"""The informers' compacted objects plan exactly as the API's do, and are smaller."""
+"""The informers' slim objects plan exactly as the API's do, and are smaller."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from bench import synthetic
 from ipvsproxy.core.plan import NodeFacts, PlanConfig, plan_service
 from ipvsproxy.core.service_ports import LABEL_SERVICE_NAME
-from ipvsproxy.kube import slim as compact
+from ipvsproxy.kube import slim
 from tests.unit import k8s_objects as k
 
 NODES = [
@@ -29,8 +29,8 @@ def api_form(obj: dict[str, Any]) -> dict[str, Any]:
 
 def same_plans(svc: dict[str, Any], slices: list[dict[str, Any]]) -> None:
     before = copy.deepcopy((svc, slices))
-    small_svc = compact.service(svc)
-    small_slices = [compact.endpoint_slice(sl) for sl in slices]
+    small_svc = slim.service(svc)
+    small_slices = [slim.endpoint_slice(sl) for sl in slices]
     for node in NODES:
         for cfg in (PlanConfig(), PlanConfig(scheduler="mh", proxy_name="other")):
             assert plan_service(small_svc, small_slices, node, cfg) == plan_service(
@@ -62,7 +62,7 @@ def odd_slice() -> dict[str, Any]:
     eps[2]["conditions"] = {"ready": "yes"}  # malformed: the planner judges it
     eps.append({"addresses": ["10.244.1.8", "10.244.1.9"], "nodeName": "node-1"})
     sl["metadata"]["annotations"] = {
-        compact.TRIGGER_ANNOTATION: "2026-01-01T00:00:00Z",
+        slim.TRIGGER_ANNOTATION: "2026-01-01T00:00:00Z",
         "other": "dropped",
     }
     sl["metadata"]["labels"]["app"] = "dropped"
@@ -88,12 +88,12 @@ def test_odd_endpoints_plan_the_same_and_keep_what_is_read() -> None:
         )
     )
     same_plans(svc, [sl])
-    small = compact.endpoint_slice(sl)
+    small = slim.endpoint_slice(sl)
     assert small["metadata"] == {
         "name": sl["metadata"]["name"],
         "namespace": "default",
         "labels": {LABEL_SERVICE_NAME: "web"},
-        "annotations": {compact.TRIGGER_ANNOTATION: "2026-01-01T00:00:00Z"},
+        "annotations": {slim.TRIGGER_ANNOTATION: "2026-01-01T00:00:00Z"},
     }
     eps = small["endpoints"]
     assert eps[0]["targetRef"] == {"namespace": "other", "name": "p0"}
@@ -101,7 +101,7 @@ def test_odd_endpoints_plan_the_same_and_keep_what_is_read() -> None:
     assert eps[1]["hints"] == {"forZones": [{"name": "zone-a"}]}
     assert eps[2]["conditions"] == {"ready": "yes"}
     assert eps[3]["addresses"] == ("10.244.1.8", "10.244.1.9")
-    small_svc = compact.service(svc)
+    small_svc = slim.service(svc)
     assert "selector" not in small_svc["spec"]
     assert small_svc["status"] == {"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}}
     assert small_svc["metadata"]["labels"] == svc["metadata"]["labels"]
@@ -109,7 +109,7 @@ def test_odd_endpoints_plan_the_same_and_keep_what_is_read() -> None:
 
 @pytest.mark.parametrize("kind", ["service", "endpoint_slice"])
 def test_empty_and_partial_objects_are_kept_as_such(kind: str) -> None:
-    fn = getattr(compact, kind)
+    fn = getattr(slim, kind)
     assert fn({}) == {"metadata": {}}
     assert fn({"metadata": {"name": "x", "namespace": "ns"}})["metadata"] == {
         "name": "x",
@@ -120,23 +120,23 @@ def test_empty_and_partial_objects_are_kept_as_such(kind: str) -> None:
 @pytest.mark.parametrize(
     "obj",
     [
-        compact.Metadata.of({}),
-        compact.Metadata.of({"name": "x"}),
-        compact.Spec.of({"type": "NodePort"}),
-        compact.Port.of({}),
-        compact.Endpoint({}),
-        compact.Endpoint({"nodeName": "node-1"}),
-        compact.Endpoint({"addresses": ["10.244.1.5"]}),
+        slim.Metadata.of({}),
+        slim.Metadata.of({"name": "x"}),
+        slim.Spec.of({"type": "NodePort"}),
+        slim.Port.of({}),
+        slim.SliceEndpoint({}),
+        slim.SliceEndpoint({"nodeName": "node-1"}),
+        slim.SliceEndpoint({"addresses": ["10.244.1.5"]}),
     ],
 )
-def test_a_slotted_mapping_is_true_when_it_holds_a_field(obj: compact.Slots) -> None:
+def test_a_slotted_mapping_is_true_when_it_holds_a_field(obj: slim.Slots) -> None:
     """As a dict is (``spec or {}`` reads an empty one as absent)."""
     assert bool(obj) is (len(obj) > 0) is bool(dict(obj))
 
 
 def test_repeated_values_are_shared() -> None:
     a, b = odd_slice(), odd_slice()
-    sa, sb = compact.endpoint_slice(a), compact.endpoint_slice(b)
+    sa, sb = slim.endpoint_slice(a), slim.endpoint_slice(b)
     assert sa["endpoints"][0]["nodeName"] is sb["endpoints"][0]["nodeName"]
     assert sa["endpoints"][0]["conditions"] is sb["endpoints"][0]["conditions"]
     assert sa["metadata"]["namespace"] is sb["metadata"]["namespace"]
@@ -158,7 +158,7 @@ def test_the_cache_of_a_cluster_is_much_smaller() -> None:
     full, raw = allocated(lambda: json.loads(text))
     small, kept = allocated(
         lambda: [
-            [compact.service(svc), [compact.endpoint_slice(sl) for sl in sls]]
+            [slim.service(svc), [slim.endpoint_slice(sl) for sl in sls]]
             for svc, sls in json.loads(text)
         ]
     )
@@ -194,14 +194,14 @@ def test_services_keep_every_field_the_planner_reads() -> None:
         )
     )
     same_plans(svc, [sl])
-    spec = compact.service(svc)["spec"]
+    spec = slim.service(svc)["spec"]
     assert spec["ports"][0] == {"name": "a", "port": 80, "protocol": "TCP", "nodePort": 30001}
     assert spec["clusterIPs"] == ["10.96.0.20", "fd00::20"]  # not just [clusterIP]: kept
-    assert "clusterIPs" not in compact.service(api_form(k.service("x", "10.96.0.21")))["spec"]
+    assert "clusterIPs" not in slim.service(api_form(k.service("x", "10.96.0.21")))["spec"]
 
 
 def test_malformed_objects_are_kept_whole() -> None:
     bad_slice = {"metadata": {"name": "s", "namespace": "ns"}, "endpoints": {"not": "a list"}}
-    assert compact.endpoint_slice(bad_slice) == bad_slice
+    assert slim.endpoint_slice(bad_slice) == bad_slice
     bad_service = {"metadata": "not a mapping", "spec": {}}
-    assert compact.service(bad_service) == bad_service
+    assert slim.service(bad_service) == bad_service

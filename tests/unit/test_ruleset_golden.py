@@ -1,7 +1,7 @@
 """The iptables rules, rendered for a few representative nodes, compared exactly with the
 checked-in texts in golden/ (a change of the rules shows as a reviewed diff of those files).
 
-After an intended change of ipvsproxy/core/ruleset.py: ``python -m tests.unit.test_rules_golden``
+After an intended change of ipvsproxy/core/ruleset.py: ``python -m tests.unit.test_ruleset_golden``
 rewrites the files; review ``git diff tests/unit/golden`` before committing them.
 """
 

@@ -28,7 +28,7 @@ from ipvsproxy.core.virtual_servers import (
     Traffic,
     VirtualServer,
 )
-from ipvsproxy.status import view as V
+from ipvsproxy.status import view
 
 NOW = 1_700_000_100.0
 SYNCED = 1_700_000_097.5  # 2.5 s before NOW
@@ -151,22 +151,22 @@ def daemon_view(
     last_sync: float | None = SYNCED,
     pending: int = 0,
     invalid: Mapping[str, str] | None = None,
-) -> V.DaemonView:
+) -> view.DaemonView:
     """Through the daemon's /status document and back, as ``status`` gets it."""
-    doc = V.daemon_document("node-1", vss, rss, IDENTITIES, last_sync, pending, invalid or {})
-    return V.parse_daemon_document(doc)
+    doc = view.daemon_document("node-1", vss, rss, IDENTITIES, last_sync, pending, invalid or {})
+    return view.parse_daemon_document(doc)
 
 
 def sources(
-    kernel: Mapping[ServiceKey, Any], daemon: V.DaemonView | None = None, **kw: Any
-) -> V.Sources:
+    kernel: Mapping[ServiceKey, Any], daemon: view.DaemonView | None = None, **kw: Any
+) -> view.Sources:
     ours = frozenset(k for k in kernel if k in DESIRED_VS)
-    return V.Sources(daemon_url=URL, daemon=daemon, state_path=STATE, ours=ours, **kw)
+    return view.Sources(daemon_url=URL, daemon=daemon, state_path=STATE, ours=ours, **kw)
 
 
 def daemon_report(kernel: Mapping[ServiceKey, KernelEntry] | None = None) -> dict[str, Any]:
     k = kernel_matching() if kernel is None else kernel
-    return V.build_report(k, sources(k, daemon_view()), NOW)
+    return view.build_report(k, sources(k, daemon_view()), NOW)
 
 
 def state_file_report() -> dict[str, Any]:
@@ -177,13 +177,13 @@ def state_file_report() -> dict[str, Any]:
         state_identities=IDENTITIES,
         state_time=1_700_000_000.0,
     )
-    return V.build_report(k, src, NOW)
+    return view.build_report(k, src, NOW)
 
 
 def kernel_report() -> dict[str, Any]:
     k = kernel_matching()
     src = sources(k, daemon_error="[Errno 111] Connection refused")
-    return V.build_report(k, src, NOW)
+    return view.build_report(k, src, NOW)
 
 
 def by_address(report: Mapping[str, Any]) -> dict[tuple[str, str, int], dict[str, Any]]:
@@ -204,11 +204,11 @@ def real_server(vs: Mapping[str, Any], key: DestKey) -> dict[str, Any]:
 
 def drift_of(
     kernel: Mapping[ServiceKey, KernelEntry],
-    daemon: V.DaemonView | None = None,
+    daemon: view.DaemonView | None = None,
     ours: frozenset[ServiceKey] | None = None,
 ) -> list[str]:
     d = daemon_view() if daemon is None else daemon
-    return V.drift(
+    return view.drift(
         d, kernel, frozenset(k for k in kernel if k in DESIRED_VS) if ours is None else ours
     )
 
@@ -268,7 +268,7 @@ def test_report_key_sets_are_the_documented_schema() -> None:
 
 def test_daemon_view_report() -> None:
     report = daemon_report()
-    assert report["view"] == V.VIEW_DAEMON == "daemon"
+    assert report["view"] == view.VIEW_DAEMON == "daemon"
     assert report["node"] == "node-1"
     assert report["generatedAt"] == "2023-11-14T22:15:00Z"
     assert report["daemon"] == {
@@ -397,16 +397,16 @@ def test_forward_method_names() -> None:
     )
     forward = {r["address"]: r["forward"] for r in entry(daemon_report(k), FOREIGN)["realServers"]}
     assert forward == {"10.1.1.1": "Route", "10.244.1.12": "9"}
-    assert V.FORWARD_NAMES[FWD_MASQ] == "Masq"
+    assert view.FORWARD_NAMES[FWD_MASQ] == "Masq"
 
 
 def test_daemon_not_yet_synced() -> None:
     k = kernel_matching()
-    report = V.build_report(k, sources(k, daemon_view(last_sync=None, pending=4)), NOW)
+    report = view.build_report(k, sources(k, daemon_view(last_sync=None, pending=4)), NOW)
     assert report["daemon"]["lastSync"] is None
     assert report["daemon"]["secondsSinceSync"] is None
     assert report["daemon"]["pendingChanges"] == 4
-    assert V.header_lines(report)[0] == (
+    assert view.header_lines(report)[0] == (
         "ipvsproxy on node-1: daemon running, not synced yet, 4 changes pending;"
         " kernel matches the desired state (drift 0)"
     )
@@ -414,7 +414,7 @@ def test_daemon_not_yet_synced() -> None:
 
 def test_state_file_view_report() -> None:
     report = state_file_report()
-    assert report["view"] == V.VIEW_STATE_FILE == "state-file"
+    assert report["view"] == view.VIEW_STATE_FILE == "state-file"
     assert report["node"] is None
     assert report["daemon"] == {
         "running": False,
@@ -441,7 +441,7 @@ def test_state_file_view_report() -> None:
 
 def test_kernel_view_report() -> None:
     report = kernel_report()
-    assert report["view"] == V.VIEW_KERNEL == "kernel"
+    assert report["view"] == view.VIEW_KERNEL == "kernel"
     assert report["daemon"]["running"] is False
     assert report["drift"]["count"] is None
     assert len(report["virtualServers"]) == 4
@@ -459,28 +459,28 @@ def test_kernel_view_report() -> None:
 
 def test_service_filter_keeps_only_that_service() -> None:
     k = kernel_matching()
-    report = V.build_report(k, sources(k, daemon_view()), NOW, service="default/web")
+    report = view.build_report(k, sources(k, daemon_view()), NOW, service="default/web")
     assert [(v["address"], v["port"]) for v in report["virtualServers"]] == [
         ("10.96.0.10", 80),
         ("192.168.56.11", 30080),
     ]
     assert {v["service"] for v in report["virtualServers"]} == {"default/web"}
-    sticky = V.build_report(k, sources(k, daemon_view()), NOW, service="shop/sticky")
+    sticky = view.build_report(k, sources(k, daemon_view()), NOW, service="shop/sticky")
     assert [v["address"] for v in sticky["virtualServers"]] == ["10.96.0.20"]
     # Without names nothing matches; a Service that is not there matches nothing.
     assert kernel_report()["virtualServers"]
     src = sources(k, daemon_error="refused")
-    assert V.build_report(k, src, NOW, service="default/web")["virtualServers"] == []
-    nothing = V.build_report(k, sources(k, daemon_view()), NOW, service="default/gone")
+    assert view.build_report(k, src, NOW, service="default/web")["virtualServers"] == []
+    nothing = view.build_report(k, sources(k, daemon_view()), NOW, service="default/gone")
     assert nothing["virtualServers"] == []
 
 
 def test_empty_kernel() -> None:
-    report = V.build_report({}, sources({}, daemon_view()), NOW)
+    report = view.build_report({}, sources({}, daemon_view()), NOW)
     assert report["virtualServers"] == []
     # Everything desired is missing: three virtual servers to add.
     assert report["drift"]["count"] == 3
-    assert "(no virtual servers)" in V.render_table(report).splitlines()
+    assert "(no virtual servers)" in view.render_table(report).splitlines()
 
 
 # -- drift -----------------------------------------------------------------------------------
@@ -494,7 +494,7 @@ def test_missing_real_server_is_drift() -> None:
     k = kernel_matching()
     del k[WEB_NP][2][POD_A]
     assert drift_of(k) == ["add real server 10.244.1.11:8080 of TCP 192.168.56.11:30080"]
-    report = V.build_report(k, sources(k, daemon_view()), NOW)
+    report = view.build_report(k, sources(k, daemon_view()), NOW)
     assert report["drift"] == {
         "count": 1,
         "operations": ["add real server 10.244.1.11:8080 of TCP 192.168.56.11:30080"],
@@ -552,14 +552,16 @@ def test_drift_operations_counted_together() -> None:
     k[WEB] = (VirtualServer(WEB, "lc", SVC_F_HASHED), t, dests)
     del k[WEB_NP][2][POD_A]
     k[STICKY][2][POD_C] = dest(POD_C, weight=1)
-    report = V.build_report(k, sources(k, daemon_view()), NOW)
+    report = view.build_report(k, sources(k, daemon_view()), NOW)
     assert report["drift"]["count"] == 3
     assert sorted(report["drift"]["operations"]) == [
         "add real server 10.244.1.11:8080 of TCP 192.168.56.11:30080",
         "set real server 10.244.3.11:8443 of TCP 10.96.0.20:443",
         "set virtual server TCP 10.96.0.10:80",
     ]
-    assert V.header_lines(report)[0].endswith("; kernel differs from the desired state (drift 3)")
+    assert view.header_lines(report)[0].endswith(
+        "; kernel differs from the desired state (drift 3)"
+    )
 
 
 def test_draining_real_server_is_not_drift() -> None:
@@ -606,13 +608,13 @@ def test_daemon_document_round_trip() -> None:
 
 
 def test_parse_rejects_wrong_version() -> None:
-    doc = V.daemon_document("n", DESIRED_VS, DESIRED_RS, IDENTITIES, None, 0, {})
+    doc = view.daemon_document("n", DESIRED_VS, DESIRED_RS, IDENTITIES, None, 0, {})
     doc["version"] = 2
     with pytest.raises(ValueError, match="unsupported daemon status version 2"):
-        V.parse_daemon_document(doc)
+        view.parse_daemon_document(doc)
     del doc["version"]
     with pytest.raises(ValueError, match="unsupported daemon status version None"):
-        V.parse_daemon_document(doc)
+        view.parse_daemon_document(doc)
 
 
 @pytest.mark.parametrize(
@@ -632,7 +634,7 @@ def test_parse_rejects_wrong_version() -> None:
 )
 def test_parse_rejects_malformed_document(doc: Any, problem: str) -> None:
     with pytest.raises(ValueError, match="malformed daemon status document") as err:
-        V.parse_daemon_document(doc)
+        view.parse_daemon_document(doc)
     assert problem in str(err.value)
 
 
@@ -640,7 +642,7 @@ def test_parse_rejects_malformed_document(doc: Any, problem: str) -> None:
 
 
 def test_header_daemon_running() -> None:
-    lines = V.header_lines(daemon_report())
+    lines = view.header_lines(daemon_report())
     assert lines == [
         "ipvsproxy on node-1: daemon running, last sync 2.5 s ago, 0 changes pending;"
         " kernel matches the desired state (drift 0)",
@@ -649,17 +651,17 @@ def test_header_daemon_running() -> None:
 
 
 def test_header_state_file_and_kernel_views() -> None:
-    assert V.header_lines(state_file_report()) == [
+    assert view.header_lines(state_file_report()) == [
         "ipvsproxy on this node: daemon not running ([Errno 111] Connection refused);"
         " drift unknown without the daemon",
         f"view: kernel + state file (names as of 2023-11-14T22:13:20Z from {STATE})",
     ]
-    assert V.header_lines(kernel_report())[1] == (
+    assert view.header_lines(kernel_report())[1] == (
         f"view: kernel only (no state file at {STATE}; names unknown)"
     )
     k = kernel_matching()
     src = sources(k, daemon_error="timed out", state_error="bad JSON in state file")
-    assert V.header_lines(V.build_report(k, src, NOW)) == [
+    assert view.header_lines(view.build_report(k, src, NOW)) == [
         "ipvsproxy on this node: daemon not running (timed out); drift unknown without the daemon",
         "view: kernel only (bad JSON in state file; names unknown)",
     ]
@@ -668,7 +670,7 @@ def test_header_state_file_and_kernel_views() -> None:
 def test_header_lists_invalid_services() -> None:
     k = kernel_matching()
     d = daemon_view(invalid={"shop/z": "port 0 is invalid", "default/bad": "no cluster IP"})
-    lines = V.header_lines(V.build_report(k, sources(k, d), NOW))
+    lines = view.header_lines(view.build_report(k, sources(k, d), NOW))
     assert lines[2:] == [
         "invalid service default/bad: no cluster IP",
         "invalid service shop/z: port 0 is invalid",
@@ -727,7 +729,7 @@ def test_table_column_headers() -> None:
         ),
     }
     for (counters, wide), (vs_head, rs_head) in expected.items():
-        lines = V.render_table(report, counters, wide).splitlines()
+        lines = view.render_table(report, counters, wide).splitlines()
         assert lines[2].startswith("Prot  LocalAddress:Port")
         assert lines[3].startswith("  ->  RemoteAddress:Port")
         assert cell_list(lines[2]) == vs_head.split(), (counters, wide)
@@ -735,9 +737,9 @@ def test_table_column_headers() -> None:
 
 
 def test_table_rows() -> None:
-    table = V.render_table(daemon_report())
+    table = view.render_table(daemon_report())
     lines = table.splitlines()
-    assert lines[:2] == V.header_lines(daemon_report())
+    assert lines[:2] == view.header_lines(daemon_report())
     assert row(table, "10.96.0.10:80") == [
         "TCP",
         "10.96.0.10:80",
@@ -790,7 +792,7 @@ def test_table_rows() -> None:
 
 
 def test_table_columns_align() -> None:
-    lines = V.render_table(daemon_report()).splitlines()
+    lines = view.render_table(daemon_report()).splitlines()
     vs_lines = [ln for ln in lines[2:] if not ln.startswith("  ->")]
     rs_lines = [ln for ln in lines[3:] if ln.startswith("  ->")]
     for group, header in ((vs_lines, "Service"), (rs_lines, "Pod")):
@@ -802,7 +804,7 @@ def test_table_columns_align() -> None:
 
 def test_table_unknown_names_and_ours_without_names() -> None:
     report = kernel_report()
-    table = V.render_table(report)
+    table = view.render_table(report)
     # Ours (bound here or in the state file) but unnamed: "?"; not ours: labelled so.
     assert row(table, "10.96.0.10:80")[-2:] == ["?", "?"]
     assert row(table, "10.0.0.99:8080")[-2:] == ["(not ipvsproxy's)", "?"]
@@ -820,7 +822,7 @@ def test_table_unknown_names_and_ours_without_names() -> None:
 
 def test_table_stats_and_rate_rows() -> None:
     report = daemon_report()
-    stats = V.render_table(report, "stats")
+    stats = view.render_table(report, "stats")
     assert row(stats, "10.96.0.10:80") == [
         "TCP",
         "10.96.0.10:80",
@@ -841,7 +843,7 @@ def test_table_stats_and_rate_rows() -> None:
         "default/web-a",
         "node-1",
     ]
-    rate = V.render_table(report, "rate")
+    rate = view.render_table(report, "rate")
     assert row(rate, "10.96.0.10:80")[2:7] == ["106", "107", "108", "109", "110"]
     assert rs_row(rate, "10.96.0.10:80", "10.244.1.11:8080")[2:7] == [
         "1206",
@@ -853,7 +855,7 @@ def test_table_stats_and_rate_rows() -> None:
 
 
 def test_table_wide_rows() -> None:
-    table = V.render_table(daemon_report(), wide=True)
+    table = view.render_table(daemon_report(), wide=True)
     assert row(table, "10.96.0.10:80")[-3:] == ["NodePort", "ClusterIP", "0x2"]
     assert row(table, "192.168.56.11:30080")[-2:] == ["NodePort", "0x2"]
     assert row(table, "10.96.0.20:443")[-2:] == ["ClusterIP", "0x3"]
@@ -876,10 +878,10 @@ def test_table_persistence_netmask_and_ipv6() -> None:
         ),
         masked: (VirtualServer(masked, "rr", SVC_F_PERSISTENT, 300, 24), Traffic(), {}),
     }
-    report = V.build_report(k, V.Sources(URL, daemon_error="down", ours=frozenset(k)), NOW)
+    report = view.build_report(k, view.Sources(URL, daemon_error="down", ours=frozenset(k)), NOW)
     assert entry(report, masked)["netmask"] == 24
     assert entry(report, v6)["netmask"] == 128
-    table = V.render_table(report)
+    table = view.render_table(report)
     assert row(table, "[fd00::10]:80")[:4] == ["TCP", "[fd00::10]:80", "rr", "persistent 60"]
     assert row(table, "10.96.0.30:80")[3] == "persistent 300 mask /24"
     assert rs_row(table, "[fd00::10]:80", "[fd00:1::5]:8080")[1] == "[fd00:1::5]:8080"
@@ -887,7 +889,7 @@ def test_table_persistence_netmask_and_ipv6() -> None:
 
 def test_table_port_names() -> None:
     report = daemon_report()
-    assert row(V.render_table(report, namer=V.numeric_port), "10.96.0.10:80")[1] == (
+    assert row(view.render_table(report, namer=view.numeric_port), "10.96.0.10:80")[1] == (
         "10.96.0.10:80"
     )
     seen: list[tuple[int, str]] = []
@@ -896,7 +898,7 @@ def test_table_port_names() -> None:
         seen.append((port, protocol))
         return {80: "http", 443: "https"}.get(port, str(port))
 
-    table = V.render_table(report, namer=namer)
+    table = view.render_table(report, namer=namer)
     assert row(table, "10.96.0.10:http")[1] == "10.96.0.10:http"
     assert row(table, "10.96.0.20:https")[1] == "10.96.0.20:https"
     assert rs_row(table, "10.96.0.10:http", "10.244.1.11:8080")[1] == "10.244.1.11:8080"
@@ -904,12 +906,12 @@ def test_table_port_names() -> None:
     assert (8080, "TCP") in seen
     # The Service column names the Service's port, not the kernel's port.
     assert row(table, "10.96.0.20:https")[-2] == "shop/sticky:443"
-    assert V.numeric_port(53, "UDP") == "53"
+    assert view.numeric_port(53, "UDP") == "53"
 
 
 def test_table_empty_kernel() -> None:
-    report = V.build_report({}, V.Sources(URL, daemon_error="down", state_path=STATE), NOW)
-    lines = V.render_table(report).splitlines()
+    report = view.build_report({}, view.Sources(URL, daemon_error="down", state_path=STATE), NOW)
+    lines = view.render_table(report).splitlines()
     assert lines == [
         "ipvsproxy on this node: daemon not running (down); drift unknown without the daemon",
         f"view: kernel only (no state file at {STATE}; names unknown)",
@@ -922,6 +924,6 @@ def test_table_empty_kernel() -> None:
 def test_table_invalid_services_in_header() -> None:
     k = kernel_matching()
     d = daemon_view(invalid={"default/bad": "no cluster IP"})
-    lines = V.render_table(V.build_report(k, sources(k, d), NOW)).splitlines()
+    lines = view.render_table(view.build_report(k, sources(k, d), NOW)).splitlines()
     assert lines[2] == "invalid service default/bad: no cluster IP"
     assert lines[3].startswith("Prot")
