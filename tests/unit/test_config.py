@@ -24,6 +24,7 @@ from ipvsproxy.config import (
     parse_config_text,
     parse_duration,
 )
+from ipvsproxy.config.settings import SETTINGS
 
 HEAD = {"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration"}
 
@@ -349,6 +350,13 @@ def test_every_flag_maps_to_its_field() -> None:
         state_path="/run/ipvsproxy.json",
         ipvs_drain_timeout=90.0,
     )
+
+
+def test_every_field_but_warnings_is_one_setting() -> None:
+    keys = [s.key for s in SETTINGS]
+    assert len(keys) == len(set(keys))
+    fields = {f.name for f in dataclasses.fields(ProxyConfig)}
+    assert set(keys) == fields - {"warnings"} | {"config", "mode"}
 
 
 def test_upstream_only_flags_are_accepted_with_a_warning() -> None:

@@ -82,7 +82,7 @@ def test_every_upstream_flag_is_used_or_warned(flag: str) -> None:
 
 
 def test_what_ipvsproxy_implements_is_not_merely_warned() -> None:
-    """The fields issue 13 named as accepted and ignored are implemented now."""
+    """These fields change the configuration: ipvsproxy implements them, it does not only warn."""
     for path in ("bindAddress", "conntrack.tcpBeLiberal", "oomScoreAdj", "bindAddressHardFail"):
         assert outcome(path, FromFile(path, FIELDS[path])) == "used", path
 
