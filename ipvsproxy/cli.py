@@ -1,6 +1,6 @@
 """The ``ipvsproxy`` command line.
 
-``run`` and ``cleanup`` take upstream kube-proxy's flags (parsed by ipvsproxy/config.py);
+``run`` and ``cleanup`` take upstream kube-proxy's flags (parsed by ipvsproxy/config/);
 ``status`` has its own (ipvsproxy/status/command.py).
 """
 
@@ -132,7 +132,7 @@ def _not_parsed(_args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # run and cleanup take kube-proxy's flags (ipvsproxy/config.py parses them).
+    # run and cleanup take kube-proxy's flags (ipvsproxy/config/ parses them).
     if argv[:1] == ["run"]:
         return cmd_run(argv[1:])
     if argv[:1] == ["cleanup"]:

@@ -24,6 +24,7 @@ from ipvsproxy.config import (
     parse_config_text,
     parse_duration,
 )
+from ipvsproxy.config.settings import SETTINGS
 
 HEAD = {"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration"}
 
@@ -349,6 +350,13 @@ def test_every_flag_maps_to_its_field() -> None:
         state_path="/run/ipvsproxy.json",
         ipvs_drain_timeout=90.0,
     )
+
+
+def test_every_field_but_warnings_is_one_setting() -> None:
+    keys = [s.key for s in SETTINGS]
+    assert len(keys) == len(set(keys))
+    fields = {f.name for f in dataclasses.fields(ProxyConfig)}
+    assert set(keys) == fields - {"warnings"} | {"config", "mode"}
 
 
 def test_upstream_only_flags_are_accepted_with_a_warning() -> None:
@@ -745,26 +753,32 @@ def test_negative_durations_are_errors(n: int, unit: str) -> None:
 # -- purity ------------------------------------------------------------------------------------
 
 
-def test_the_module_imports_nothing_that_does_io_and_reads_only_in_load() -> None:
-    source = Path(config.__file__).read_text()
-    tree = ast.parse(source)
+def test_the_package_imports_nothing_that_does_io_and_reads_only_in_load() -> None:
+    package = Path(config.__file__).parent
+    modules = sorted(package.rglob("*.py"))
+    assert {"__init__", "assemble", "settings"} <= {m.stem for m in modules}
     imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            imported.add(node.module or "")
+    readers = []
+    for module in modules:
+        tree = ast.parse(module.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{module.name}: a relative import"
+                imported.add(node.module or "")
+        readers += [
+            f"{module.stem}.{fn.name}"
+            for fn in ast.walk(tree)
+            if isinstance(fn, ast.FunctionDef)
+            and any(
+                (isinstance(n, ast.Attribute) and n.attr in ("read_text", "read_bytes", "open"))
+                or (isinstance(n, ast.Name) and n.id == "open")
+                for n in ast.walk(fn)
+            )
+        ]
     forbidden = {"socket", "subprocess", "pyroute2", "kubernetes", "os", "io"}
     assert not {m for m in imported if m.split(".")[0] in forbidden}
-    assert not {m for m in imported if m.startswith(("ipvsproxy.", "ipvsproxy"))}
-    readers = [
-        fn.name
-        for fn in ast.walk(tree)
-        if isinstance(fn, ast.FunctionDef)
-        and any(
-            (isinstance(n, ast.Attribute) and n.attr in ("read_text", "read_bytes", "open"))
-            or (isinstance(n, ast.Name) and n.id == "open")
-            for n in ast.walk(fn)
-        )
-    ]
-    assert readers == ["load"]
+    own = {m for m in imported if m == "ipvsproxy" or m.startswith("ipvsproxy.")}
+    assert own and all(m.startswith("ipvsproxy.config.") for m in own), own
+    assert readers == ["assemble.load"]

@@ -33,7 +33,7 @@ import pytest
 from deploy import prepare_sysctls
 from ipvsproxy import config
 
-# Loaded through importlib, as ipvsproxy/config.py loads PyYAML: neither ships type hints.
+# Loaded through importlib, as ipvsproxy/config/file.py loads PyYAML: neither ships type hints.
 yaml: Any = importlib.import_module("yaml")
 kubernetes_validate: Any = importlib.import_module("kubernetes_validate")
 
