@@ -48,7 +48,7 @@ def test_deleting_a_service_removes_its_plan(tmp_path: Path) -> None:
 
 
 def test_chunks_go_on_after_a_rejected_one_and_report_all_rejections() -> None:
-    from ipvsproxy.dataplane.dataplane import _chunked, _each
+    from ipvsproxy.dataplane.batching import apply_chunks, chunked
     from ipvsproxy.kernel.errors import ApplyError, Rejected
 
     seen: list[list[int]] = []
@@ -61,11 +61,11 @@ def test_chunks_go_on_after_a_rejected_one_and_report_all_rejections() -> None:
         return len(chunk)
 
     with pytest.raises(ApplyError) as exc:
-        _each(_chunked(list(range(1, 13)), 4), apply)
+        apply_chunks(chunked(list(range(1, 13)), 4), apply)
     assert seen == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
     assert [r.what for r in exc.value.rejected] == ["op 5", "op 10"]
     assert exc.value.applied == 10
-    _each(_chunked([1, 2, 3], 2), apply)  # nothing rejected: nothing raised
+    apply_chunks(chunked([1, 2, 3], 2), apply)  # nothing rejected: nothing raised
 
 
 def test_an_invalid_service_keeps_following_its_endpoints(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Taking a node over from upstream kube-proxy (IPVS mode): its NodePort virtual servers, on
 node addresses where nothing else marks them, are recognised by upstream's NodePort ipsets and
 adopted (kept if a Service wants them, else deleted); nobody else's virtual server is touched
-(``ipsets.recorded_node_ports``, ``Dataplane._own``). The kernel-lab counterpart with upstream
+(``ipsets.recorded_node_ports``, ``observed.adopt_ours``). The kernel-lab counterpart with upstream
 kube-proxy itself is tests/kernel/test_handover.py."""
 
 from __future__ import annotations

@@ -1,0 +1,111 @@
+"""Graceful termination and stale UDP flows.
+
+A real server no Service wants any more stays in the kernel at weight 0 while its connections
+end: it is deleted once idle, or once its grace period has passed since it was first recorded
+unwanted (the state file's ``draining_since``, kept by ``observed.record_ipvs``). A UDP virtual
+server whose real servers changed has its stale conntrack entries flushed at the sync's end
+(upstream's CleanStaleEntries); a flush that fails fails that Service only, and is done again
+at its retry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING
+
+from ipvsproxy.core.desired import DesiredState
+from ipvsproxy.core.diff import DestOp, OpKind, ServiceOp, diff_dests
+from ipvsproxy.core.virtual_servers import DestKey, Seen, ServiceKey
+from ipvsproxy.dataplane.batching import apply_and_record, apply_chunks, isolating
+from ipvsproxy.dataplane.blame import Blame
+from ipvsproxy.dataplane.observed import Observed
+from ipvsproxy.dataplane.statefile import State
+from ipvsproxy.kernel.errors import ApplyError
+
+if TYPE_CHECKING:
+    from ipvsproxy.dataplane.dataplane import Backends
+
+
+def expired(
+    key: ServiceKey,
+    have: Mapping[DestKey, Seen],
+    draining_since: Mapping[tuple[ServiceKey, DestKey], float],
+    now: float,
+    grace_seconds: float,
+) -> set[DestKey]:
+    """The real servers of ``key`` (of those the kernel has) whose grace period has passed
+    at ``now``; one not draining yet starts its grace now."""
+    if not draining_since:  # nothing drains: each one's grace starts now
+        return set(have) if now - now >= grace_seconds else set()
+    return {d for d in have if now - draining_since.get((key, d), now) >= grace_seconds}
+
+
+def drain(
+    obs: Observed,
+    state: State,
+    desired: DesiredState,
+    backends: Backends,
+    *,
+    expired: Callable[[ServiceKey, Mapping[DestKey, Seen]], set[DestKey]],
+    record: Callable[[list[ServiceOp | DestOp]], None],
+    blame: Blame,
+) -> None:
+    """Real servers at weight 0: delete them once idle or past their grace period, read
+    back with the kernel's current connection counts. The draining real servers of a virtual
+    server that is gone are forgotten."""
+    services = sorted({s for s, _ in state.draining_since})
+
+    def apply(chunk: list[ServiceKey]) -> int:
+        ops: list[ServiceOp | DestOp] = []
+        for key in chunk:
+            if key not in obs.services:
+                for dkey in [d for d in state.draining_since if d[0] == key]:
+                    del state.draining_since[dkey]
+                continue
+            obs.dests[key] = have = backends.ipvs.dests(key)
+            want = desired.real_servers.get(key, {})
+            deletes = diff_dests(key, want, have, expired(key, have))
+            ops += [op for op in deletes if op.kind is OpKind.DELETE]
+        try:
+            apply_and_record(backends.ipvs.apply, ops, record)
+        except ApplyError as exc:
+            blame.refused(ops, exc)
+            raise
+        return len(ops)
+
+    def fail(key: ServiceKey, exc: Exception) -> None:
+        blame.service(key, f"draining {key}: {type(exc).__name__}: {exc}")
+
+    apply_chunks([services] if services else [], isolating(apply, fail))
+
+
+class StaleUdpFlows:
+    """The UDP virtual servers whose real servers a sync changed, each with the addresses of
+    the real servers removed: their conntrack entries are flushed at the sync's end."""
+
+    def __init__(self) -> None:
+        self.changed: dict[ServiceKey, set[str]] = {}  # filled by ``observed.record_ipvs``
+        # Those whose flush failed: flushed again when their Service's retry is due.
+        self.failed: dict[ServiceKey, set[str]] = {}
+
+    def retry(self, keys: Collection[ServiceKey]) -> None:
+        """The failed flushes of the virtual servers ``keys`` (being retried) are done again
+        at this sync's end: a retry that finds the virtual server as desired writes nothing,
+        and the stale entries would stay."""
+        for key in keys:
+            gone = self.failed.pop(key, None)
+            if gone is not None:
+                self.changed.setdefault(key, set()).update(gone)
+
+    def flush(self, backends: Backends, desired: DesiredState, blame: Blame) -> None:
+        """Upstream's CleanStaleEntries for the UDP virtual servers whose real servers this
+        sync changed (``backends.conntrack.flush_stale``); a failure fails that Service only."""
+        changed, self.changed = self.changed, {}
+        for service, gone in sorted(changed.items()):
+            live = {d.address for d in desired.real_servers.get(service, {})}
+            try:
+                backends.conntrack.flush_stale(service, live, gone)
+            except Exception as exc:
+                why = f"conntrack cleanup of {service}: {type(exc).__name__}: {exc}"
+                self.failed.setdefault(service, set()).update(gone)
+                blame.service(service, why)
