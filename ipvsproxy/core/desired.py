@@ -53,6 +53,26 @@ class Changes:
 
 
 class DesiredState:
+    """Every Service's plan, and their union: what the differ compares the kernel with.
+
+    Owns each Service's plan as planned (``plans``) and, for a Service that lost a contested
+    virtual server, its plan as applied (``applied``) and what it lost (``lost``); the union
+    of the plans as applied (``virtual_servers``, ``real_servers``, ``owner``); and reference
+    counts of bound addresses (``bind_refs``, which are also KUBE-IPVS-IPS's members), of
+    every other set's entries (``member_refs``) and of out-filters. Pure: no I/O.
+
+    Invariants, after every ``update``:
+    - every key of ``virtual_servers`` has one owner (``owner``): the claimant with the
+      earliest creationTimestamp (none: last), then namespace/name; its value and its real
+      servers are the owner's, and ``contested`` names every claimant of a key claimed more
+      than once;
+    - a count is the number of applied plans that hold the address, entry or out-filter, and
+      an item is present exactly while its count is positive;
+    - ``update`` reports in its ``Changes`` the keys whose desired value it changed, so an
+      incremental sync compares and writes only those;
+    - the real-server mappings are the plans' own read-only ones, shared, never copied.
+    """
+
     def __init__(self) -> None:
         self.plans: dict[str, ServicePlan] = {}  # each Service's plan, as planned
         # A Service that lost a virtual server to another: its plan as applied (without it).

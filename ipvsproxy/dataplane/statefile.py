@@ -27,6 +27,21 @@ _PLACEHOLDER = "\0virtual servers\0"  # where the virtual servers' text goes
 
 @dataclass
 class State:
+    """What ipvsproxy owns on the node that the kernel does not tell, as the file keeps it.
+
+    - ``virtual_servers``: the virtual servers that are ipvsproxy's (the NodePorts on node
+      addresses among them, which nothing in the kernel marks as ours), each recorded before
+      the kernel is asked to create it and dropped once deleted; a full sync trims them to
+      what the kernel holds;
+    - ``draining_since``: when each real server being drained at weight 0 started draining
+      (the dataplane's clock, wall time), so that a restart keeps its grace period;
+    - ``rules_digest`` and ``iptables_fingerprint``: the digest of the rules text last written
+      and the fingerprint of our chains as read right after ("" when unknown), so that a
+      restart rewrites the rules only when either differs (or a jump is missing);
+    - ``identities``: each programmed Service's names, for ``ipvsproxy status``.
+    Plain values; ``to_json`` and ``from_json`` are the file's format (``VERSION``), and
+    ``from_json`` raises ValueError (or KeyError, TypeError) on a document it cannot read."""
+
     virtual_servers: set[ServiceKey] = field(default_factory=set)
     draining_since: dict[tuple[ServiceKey, DestKey], float] = field(default_factory=dict)
     rules_digest: str = ""

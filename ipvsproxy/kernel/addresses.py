@@ -23,6 +23,15 @@ def encode(seq: int, ifindex: int, op: AddressOp) -> bytes:
 
 
 class Addresses:
+    """The dummy device (``device``, kube-ipvs0) and the addresses bound to it, over
+    rtnetlink; also reads every address of the node.
+
+    Owns its netlink socket and ``counters``; holds no copy of the addresses. ``apply``
+    creates the device if it is missing, then binds and unbinds in order, in batches, and
+    returns how many operations it applied; operations the kernel refuses raise one ApplyError
+    naming each of them, once every other operation of the call has been applied. Only the
+    device is written: other interfaces are read, never changed."""
+
     def __init__(self, device: str = DUMMY_DEVICE, sock: NetlinkSocket | None = None) -> None:
         self.device = device
         self.sock = sock or NetlinkSocket(NETLINK_ROUTE)

@@ -28,6 +28,14 @@ def stale(reply_source: str, live: Collection[str], gone: Collection[str]) -> bo
 
 
 class Conntrack:
+    """Deletes stale UDP conntrack entries (see ``stale``) through pyroute2's ctnetlink socket,
+    opened at first use and kept until ``close``.
+
+    Owns that socket and ``counters``; holds no entries. ``flush_stale`` reads only the UDP
+    entries to the one virtual server it is given and returns how many it deleted; a delete
+    that fails (an entry gone meanwhile) is counted as failed and skipped, while a dump the
+    kernel refuses raises pyroute2's error."""
+
     def __init__(self) -> None:
         self.counters = Counters()
         self._ct: Any = None

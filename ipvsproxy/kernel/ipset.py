@@ -34,6 +34,15 @@ _KINDS = {kind: f"{kind}_member" for kind in OpKind}
 
 
 class IPSets:
+    """The ipsets named in ``ipvsproxy.core.ipset_specs``, over nfnetlink: their members read
+    back, missing sets created, members added and deleted.
+
+    Owns its netlink socket and ``counters``; holds no copy of the sets. A set of any other
+    name is never read, written nor destroyed. ``apply`` writes the member operations in
+    order, in batches, and returns how many it applied; ``ensure`` returns how many sets it
+    created. Operations the kernel refuses raise one ApplyError naming each of them with
+    ipset's reason, once every other operation of the call has been applied."""
+
     def __init__(self, sock: NetlinkSocket | None = None) -> None:
         self.counters = Counters()
         self.sock = sock or NetlinkSocket(NETLINK_NETFILTER)

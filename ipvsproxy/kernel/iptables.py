@@ -28,6 +28,15 @@ class Observed:
 
 
 class IPTables:
+    """ipvsproxy's chains (``ipvsproxy.core.ruleset``) and the jumps to them from the built-in
+    chains, through ``iptables-restore --noflush`` and ``iptables-save``.
+
+    Owns ``counters`` and ``restore_failures``; holds no rules (``read`` returns a fingerprint
+    of our chains for the caller to keep). ``apply`` writes the whole text in one restore and
+    returns nothing; a refused restore raises ApplyError carrying iptables-restore's message
+    and counts in ``restore_failures``. Other chains, and the built-in chains' other rules,
+    are never touched."""
+
     def __init__(self, restore: str = "iptables-restore", save: str = "iptables-save") -> None:
         self.restore_cmd = restore
         self.save_cmd = save

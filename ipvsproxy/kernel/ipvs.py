@@ -42,6 +42,16 @@ _KINDS = {
 
 
 class IPVS:
+    """The node's IPVS table over generic netlink: virtual servers and their real servers read
+    back (with their counters for ``ipvsproxy status``), and operations written.
+
+    Owns its netlink socket and ``counters`` (writes by kind and outcome); holds no copy of
+    the table. ``apply`` writes the operations in order, in batches, and returns how many it
+    applied. Operations the kernel refuses raise one ApplyError naming each of them (its
+    ``failed``: their positions) once every other operation of the call has been applied.
+    Which virtual servers are ipvsproxy's is the caller's decision: this writes what it is
+    given and nothing else."""
+
     def __init__(self, sock: NetlinkSocket | None = None, family_id: int | None = None) -> None:
         """``sock`` and ``family_id`` stand in for the kernel's (the host benchmark's)."""
         self.sock = sock or NetlinkSocket(NETLINK_GENERIC)

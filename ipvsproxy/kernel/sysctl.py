@@ -31,6 +31,13 @@ def required(strict_arp: bool, kernel_release: str | None = None) -> dict[str, s
 
 
 class Sysctls:
+    """Kernel settings, as the files under ``root`` (/proc/sys).
+
+    Owns ``counters``; holds no values. ``ensure`` reads the settings it is given, writes
+    only those that differ and returns their names; a write the kernel refuses raises
+    OSError at that setting (those before it stay written). Nothing else is read or
+    written."""
+
     def __init__(self, root: Path = PROC) -> None:
         self.root = root
         self.counters = Counters()

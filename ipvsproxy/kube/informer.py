@@ -160,6 +160,22 @@ def _refused(exc: BaseException | None) -> bool:
 
 
 class Informer:
+    """One resource's cache, kept by list and watch (see the module docstring).
+
+    Owns ``cache`` (``namespace/name`` -> the object as ``transform`` keeps it, read-only),
+    ``resource_version`` (the last one seen, where the next watch resumes) and ``counters``.
+    Invariants:
+    - ``cache`` is what the last list returned with every watch event since applied in order;
+    - ``on_change(key, old, new)`` runs on the thread that runs ``run``, after the cache
+      changed, with the cached values before and after (None: absent): once per added,
+      modified or deleted event, and after a relist once per object whose resourceVersion
+      differs, never for the others;
+    - ``synced`` is set once the first list has completed, and stays set;
+    - ``run`` never raises and returns only once ``stop`` is set; every list-and-watch cycle
+      that ends is followed by a ``backoff`` delay (a watch that ends normally is renewed
+      within its cycle).
+    """
+
     def __init__(
         self,
         name: str,

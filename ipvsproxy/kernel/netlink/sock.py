@@ -62,6 +62,16 @@ class Outcome(NamedTuple):
 
 
 class NetlinkSocket:
+    """A netlink socket of ``protocol``, bound to a port the kernel picks; one user at a time
+    (nothing here locks).
+
+    Owns the socket, its sequence numbers (``next_seq``: never 0, wrapping at 2**32) and one
+    receive buffer that every ``recv()`` reuses. ``execute`` returns one Outcome per request,
+    in the requests' order, and does not raise for a request the kernel refuses (its errno is
+    in the Outcome); ``dump`` and ``request`` raise NetlinkError when the kernel refuses
+    theirs. Replies to other sequence numbers are skipped. ``sends`` and ``receives`` count
+    the system calls made."""
+
     def __init__(self, protocol: int) -> None:
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, protocol)
         try:
