@@ -33,7 +33,7 @@ class Changes:
     services: set[ServiceKey] = field(default_factory=set)
     addresses: set[str] = field(default_factory=set)
     # ipset entries by set name (not (name, entry) pairs: a full sync names every member, and
-    # a tuple each was ~15 MiB at 10,000 Services on top of the state at its peak)
+    # holds no object per member beyond the entry string the desired state already has)
     members: dict[str, set[str]] = field(default_factory=dict)
     rules: bool = False
 

@@ -30,8 +30,8 @@ class OpKind(StrEnum):
     DELETE = "delete"
 
 
-# Operations are named tuples: a cold sync makes one per real server (a frozen dataclass's
-# __init__ cost twice a tuple's there).
+# Operations are named tuples: a cold sync makes one per real server, and a tuple is built in
+# C (a frozen dataclass's __init__ sets each field through object.__setattr__).
 
 
 class ServiceOp(NamedTuple):
@@ -139,11 +139,11 @@ def adopt_dests(
     """What a full sync keeps of the real servers it read back from one virtual server.
 
     One that is already as desired is held as the desired object itself rather than as the
-    kernel's copy with its connection counts: at 100,000 real servers those copies were ~140
-    MiB on top of the desired state, every periodic sync. When all are, the desired mapping
-    itself is kept (read-only: whoever changes it copies it first). Nothing is lost: counts
-    matter only for a real server that is no longer desired (draining), and such a one keeps
-    its copy here, and is read again before any later drain decision.
+    kernel's copy with its connection counts, so a full sync holds no second copy of the real
+    servers the kernel has as desired. When all are, the desired mapping itself is kept
+    (read-only: whoever changes it copies it first). Nothing is lost: counts matter only for
+    a real server that is no longer desired (draining), and such a one keeps its copy here,
+    and is read again before any later drain decision.
     """
     kept: dict[DestKey, Seen] = {}
     as_desired = 0
@@ -163,8 +163,8 @@ def adopt_services(
     desired: Mapping[ServiceKey, VirtualServer], observed: Iterable[VirtualServer]
 ) -> dict[ServiceKey, VirtualServer]:
     """The virtual servers a full sync reads back, those as desired held as the desired
-    objects (see ``adopt_dests``): the kernel's copies, kept until the next full sync, were
-    ~4.5 MiB at 10,000 Services, and as much again while being read (so one at a time here)."""
+    objects (see ``adopt_dests``), taken one at a time as they are read: neither the kernel's
+    copies nor a list of them all is held until the next full sync."""
     kept: dict[ServiceKey, VirtualServer] = {}
     for have in observed:
         want = desired.get(have.key)
@@ -177,8 +177,8 @@ def adopt_services(
 
 def adopt_members(desired: Collection[str], observed: set[str]) -> set[str]:
     """The entries of an ipset (or the addresses bound) a full sync read back, as the desired
-    strings where they are desired, the kernel's otherwise (a fresh string per member was
-    ~5 MiB at 10,000 Services, kept until the next full sync)."""
+    strings where they are desired, the kernel's otherwise: no second string is kept for a
+    member that is as desired."""
     if not observed:
         return set()
     kept = {e for e in desired if e in observed}
@@ -191,8 +191,8 @@ def adopt_member_parts(
     desired: Callable[[str], Collection[str]], parts: Iterable[tuple[str, list[str]]]
 ) -> dict[str, set[str]]:
     """``adopt_members`` of every set, as a dump reads them (set name, some of its entries):
-    the entries each part holds are let go as soon as they are adopted. Reading every set
-    whole first held ~5 MiB of strings at 10,000 Services, the full sync's peak."""
+    the entries each part holds are let go as soon as they are adopted, so the kernel's fresh
+    strings of one part at most are held at a time, never every set's."""
     kept: dict[str, set[str]] = {}
     name: str | None = None
     canonical: dict[str, str] = {}

@@ -1,8 +1,8 @@
 """Kubernetes Services and EndpointSlices reduced to what the dataplane needs.
 
 Accepts the objects as the API returns them: plain dicts (camelCase, as JSON) or the official
-client's model classes, which are converted without importing the client (it costs seconds to
-import in the lab kernel and the pure layers must not depend on it).
+client's model classes, which are converted without importing the client (it is slow to
+import, and the pure layers must not depend on it).
 """
 
 from __future__ import annotations
@@ -208,9 +208,9 @@ def service_ports(svc: Mapping[str, Any]) -> list[ServicePort]:
 
 
 def _pod_of(ref: Any, sl: Mapping[str, Any]) -> str | None:
-    """The Pod's path from a targetRef as the API sends it (a compacted endpoint carries its
-    own: see ``_endpoint_fields``)."""
-    # (type(...) is dict first: the Mapping check is an ABC's, ~0.3 us at every endpoint)
+    """The Pod's path from a targetRef as the API sends it (a slim endpoint carries its own:
+    see ``_endpoint_fields``)."""
+    # (type(...) is dict first: the Mapping check is an ABC's, far slower, at every endpoint)
     if type(ref) is not dict and not isinstance(ref, Mapping):
         return None
     if ref.get("kind", "Pod") != "Pod" or not ref.get("name"):
@@ -220,9 +220,9 @@ def _pod_of(ref: Any, sl: Mapping[str, Any]) -> str | None:
 
 
 def _endpoint_fields(ep: Any, sl: Mapping[str, Any]) -> tuple[Any, Any, Any, Any, str | None]:
-    """addresses, conditions, nodeName, zone and the Pod's ``namespace/name``. A compacted
-    endpoint (ipvsproxy.kube.slim) holds them as attributes (None: absent), read here directly:
-    through its get() the planner spent 0.5 us per endpoint at 10,000 Services."""
+    """addresses, conditions, nodeName, zone and the Pod's ``namespace/name``. A slim
+    endpoint (ipvsproxy.kube.slim) holds them as attributes (None: absent), read here directly
+    rather than through its get(), a Python call per field."""
     if not isinstance(ep, dict) and hasattr(ep, "nodeName"):
         return ep.addresses, ep.conditions, ep.nodeName, ep.zone, ep.pod
     get = ep.get
@@ -277,7 +277,7 @@ def endpoints_by_port(
         if sl.get("addressType", "IPv4") != "IPv4":
             continue
         # The slice's port numbers by (name, protocol), the last one of a pair winning: one
-        # look-up per Service port (comparing every pair was quadratic in ports).
+        # look-up per Service port, so matching is linear in ports, never in pairs of them.
         numbers = {
             (p.get("name") or "", p.get("protocol") or "TCP"): p.get("port")
             for p in sl.get("ports") or []

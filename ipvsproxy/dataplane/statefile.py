@@ -96,15 +96,14 @@ def servers_json(virtual_servers: set[ServiceKey] | frozenset[ServiceKey]) -> li
 
 class StateFile:
     """The state as a snapshot and a journal of changes since it, so that a sync writes in
-    proportion to what it changed.
+    proportion to what it changed, never to the size of the cluster.
 
-    An endpoint change alters one Service's identity (or one draining entry); rewriting the
-    whole document for it cost ~400 ms at 10,000 Services on the host, and writing the 4 MB
-    of 5,000 Services took 150-170 ms in the lab kernel, a hundred times the change's kernel
-    work. So ``save`` appends one line, the difference from what was last written, to
-    ``<path>.journal``; ``load`` replays the journal over the snapshot. When the journal has
-    grown as large as the snapshot (or a change is that large), the snapshot is rewritten
-    and the journal emptied.
+    An endpoint change alters one Service's identity (or one draining entry), while the
+    document names every Service. So ``save`` appends one line, the difference from what was
+    last written, to ``<path>.journal``; ``load`` replays the journal over the snapshot. When
+    the journal has grown as large as the snapshot (or a change is that large), the snapshot
+    is rewritten and the journal emptied. One process writes (the holder of ``StateLock``,
+    through ``open``); others may ``load`` at any time.
 
     Crash safety, as invariants:
     - the snapshot is replaced whole: written to ``.<name>.tmp`` (one fixed name, so crashes
@@ -232,8 +231,8 @@ class StateFile:
     def render(self, state: State, generation: str = "") -> Iterator[str]:
         """``json.dumps(state.to_json())`` in pieces, a Service at a time, written as they
         come: the snapshot is rewritten rarely (at the first sync, then when the journal has
-        grown as large), so nothing of it is kept between writes; at 10,000 Services a cache of
-        the pieces was 8.5 MiB, and the joined text a few more at the first sync's peak."""
+        grown as large), so nothing of it is kept between writes, and no more than a piece of
+        its text is held at a time."""
         head = json.dumps(state.head_json(_PLACEHOLDER, generation))
         before, _, after = head.partition(json.dumps(_PLACEHOLDER))
         yield before
@@ -246,9 +245,9 @@ class StateFile:
 
 
 def _servers_text(virtual_servers: set[ServiceKey] | frozenset[ServiceKey]) -> Iterator[str]:
-    """``json.dumps(servers_json(...))`` a thousand at a time: as one list, the keys' lists and
-    their text were ~5 MiB at 10,000 Services, at the first sync's peak. (ServiceKeys sort as
-    their lists do: the protocol is a str enum.)"""
+    """``json.dumps(servers_json(...))`` a thousand at a time, so that the keys' lists and
+    their text are never all held at once (the first sync's peak is when they are written).
+    (ServiceKeys sort as their lists do: the protocol is a str enum.)"""
     ordered = sorted(virtual_servers)
     yield "["
     for i in range(0, len(ordered), SERVERS_PER_PIECE):
@@ -315,8 +314,7 @@ class _Saved:
 
     def absorb(self, state: State, change: dict[str, Any]) -> None:
         """Become ``state`` once ``change`` (from ``change``) is written, copying only what it
-        names: copying every identity and virtual server after each endpoint change was most
-        of the change's host time at 10,000 Services."""
+        names, so that a save costs in proportion to the change, not to the cluster."""
         if "vs+" in change:
             self.virtual_servers = frozenset(state.virtual_servers)
         if "draining" in change:

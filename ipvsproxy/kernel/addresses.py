@@ -46,8 +46,8 @@ class Addresses:
             return socket.if_nametoindex(self.device)
         except OSError:
             pass
-        # Over the socket the addresses use: pyroute2, imported for this once, stayed in the
-        # daemon's memory for good (~8 MiB).
+        # Over the socket the addresses use, not pyroute2: once imported, it would stay in the
+        # daemon's memory for good.
         seq = self.sock.next_seq()
         (outcome,) = self.sock.execute([(seq, rtnl_messages.new_link(seq, self.device, "dummy"))])
         if outcome.errno not in (0, errno.EEXIST):

@@ -71,7 +71,7 @@ def settle_batch(
     kinds: Sequence[str], errnos: Sequence[int], describe: Callable[[int], str], counters: Counters
 ) -> int:
     """``settle`` for a batch of thousands: operation ``i`` is described (``describe(i)``)
-    only if it was rejected, since naming every accepted one cost more than encoding it."""
+    only if it was rejected, as naming an operation costs more than encoding it."""
     failed = [i for i, e in enumerate(errnos) if e]
     if not failed:
         ok = counters.ok

@@ -5,7 +5,7 @@ destroyed by pyroute2 (only ``ipvsproxy cleanup`` does).
 Members change with every endpoint change, so they go as batched nfnetlink requests (pyroute2's
 IPSet sends one request per entry and waits for each ack), each with its own ack: a refused
 member is named and the rest of the batch applies. A full reconcile reads every member back in
-one dump, decoded here rather than by pyroute2's codec (~200 µs a message).
+one dump, decoded here rather than by pyroute2's far slower codec (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """ipvsproxy's iptables chains, written with ``iptables-restore --noflush`` as upstream does.
 
-Only chains named in rules.py are declared (and so flushed and rewritten); built-in chains get
-our jump rules inserted once and are otherwise left alone, as are everyone else's chains. The
-binaries are whatever ``iptables-restore`` / ``iptables-save`` are on PATH, legacy or nft: the
-host decides, as with upstream's images.
+Only chains named in ipvsproxy/core/ruleset.py are declared (and so flushed and rewritten);
+built-in chains get our jump rules inserted once and are otherwise left alone, as are everyone
+else's chains. The binaries are whatever ``iptables-restore`` / ``iptables-save`` are on PATH,
+legacy or nft: the host decides, as with upstream's images.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The few Kubernetes API calls ipvsproxy makes, through the official client's ApiClient.
 
 The client's generated API classes (CoreV1Api, DiscoveryV1Api, EventsV1Api) wrap every method
-of their groups in pydantic validators, built when the class is first used: CoreV1Api and
-DiscoveryV1Api alone added 22 MiB to the daemon, a tenth of its memory target, for the three
-list/watch calls and one create it needs. Here each call is serialized and sent by the same
+of their groups in pydantic validators, built when the class is first used: memory spent on
+every method of those groups, while ipvsproxy needs three list/watch calls and one create. So
+the generated classes are never instantiated: each call is serialized and sent by the same
 ApiClient (its configuration, authentication, TLS and connection pool), with the same query
 parameters and headers the generated methods send, and fails with the same ApiException.
 """

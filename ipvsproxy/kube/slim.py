@@ -1,15 +1,14 @@
 """What the informers keep of each object: the fields ipvsproxy reads, nothing else.
 
 The watch cache holds every Service and EndpointSlice of the cluster for the life of the
-process. As decoded from the API, an endpoint of a slice costs about 1.2 KB in Python (its
-uid, ownerReferences, a conditions dict each, a fresh copy of every node name and namespace);
-at 10,000 Services x 10 endpoints the cache alone was ~175 MiB. Upstream kube-proxy trims its
-informers' objects too (it drops managedFields). Here an object keeps the fields the planner
-(``objects``), the daemon's marks and health checks read; repeated short strings are interned
-and the few distinct conditions are shared. Pure functions of the decoded JSON; the result is
-again JSON-shaped, read-only mappings (slotted, a third of a dict's size) that every reader
-reads with ``get`` and ``[]`` as it reads the API's dicts. The compacted objects are shared
-and cannot be modified.
+process, and an object as decoded from the API carries much that ipvsproxy never reads (an
+endpoint's uid, ownerReferences, a conditions dict each, a fresh copy of every node name and
+namespace). Upstream kube-proxy trims its informers' objects too (it drops managedFields).
+Here an object keeps the fields the planner (``ipvsproxy.core.service_ports``), the daemon's
+marks and health checks read; repeated short strings are interned and the few distinct
+conditions are shared. Pure functions of the decoded JSON; the result is again JSON-shaped,
+read-only mappings (slotted, a third of a dict's size) that every reader reads with ``get``
+and ``[]`` as it reads the API's dicts. The slim objects are shared and cannot be modified.
 """
 
 from __future__ import annotations
@@ -64,8 +63,8 @@ def _interned(value: Any) -> Any:
     return value
 
 
-# The spec fields the planner reads (objects.is_proxied, objects.service_ports) and the daemon's
-# health checks; a port's name, protocol, port and nodePort.
+# The spec fields the planner reads (service_ports.is_proxied, service_ports.service_ports)
+# and the daemon's health checks; a port's name, protocol, port and nodePort.
 _SPEC = (
     "type",
     "clusterIP",
@@ -141,7 +140,7 @@ def _conditions(cond: Any) -> Obj | None:
 
 
 class Slots(Mapping[str, Any]):
-    """A read-only mapping over a few fixed keys, stored in slots: a fifth of a dict's size.
+    """A read-only mapping over a few fixed keys, stored in slots: a third of a dict's size.
     Readers use ``get`` (made direct, as a missing key is common) and ``[]``; None means
     absent."""
 
@@ -173,7 +172,7 @@ class Slots(Mapping[str, Any]):
 
     def __bool__(self) -> bool:
         # Readers test these (``spec or {}``) far more often than they count them: true at the
-        # first field set, rather than counting every one (a third of a Service's reads).
+        # first field set, rather than counting every one.
         return any(getattr(self, k) is not None for k in self.FIELDS)
 
     def __repr__(self) -> str:
@@ -188,8 +187,8 @@ class Slots(Mapping[str, Any]):
         return obj
 
 
-# What a Service or a slice keeps, as slotted mappings rather than dicts: a dict of a few keys
-# is ~200 bytes, the same fields in slots a third of it (a Service was 1.5 KB cached).
+# What a Service or a slice keeps, as slotted mappings rather than dicts (a third of the size
+# of a dict of the same keys: see Slots).
 
 
 class Metadata(Slots):
@@ -261,8 +260,8 @@ class Ref(Slots):
 class SliceEndpoint(Slots):
     """One endpoint of a slice, as the planner and the health checks read it. Its one address
     is held as the string, and a targetRef naming a Pod of the slice's namespace as the Pod's
-    ``namespace/name`` path (``pod``): the tuple and the Ref each were ~6 MiB at 100,000
-    endpoints. ``addresses`` and ``targetRef`` are built when read as a mapping."""
+    ``namespace/name`` path (``pod``): no tuple and no Ref is kept per endpoint. ``addresses``
+    and ``targetRef`` are built when read as a mapping."""
 
     __slots__ = ("_address", "_ref", "conditions", "hints", "hostname", "nodeName", "zone")
     FIELDS = ("addresses", "conditions", "nodeName", "zone", "hints", "hostname", "targetRef")

@@ -1,15 +1,16 @@
 """When Python's cyclic garbage collector may run: not inside a sync, and rarely over the
 long-lived state.
 
-A cold sync at 10,000 Services builds a few million long-lived objects. Python starts a full
-collection each time the surviving objects grow by a quarter, and each one scans them all:
-measured on the host, more than half of the cold sync's CPU went there (bench/host.py), for
-nothing, since the planner's values hold no reference cycles and are freed by reference
-counting when replaced. So a sync runs with the collector off, and after a full sync what
-survives is frozen (``gc.freeze``, a constant-time move): later collections, started by the
-watch threads' allocations, scan only young objects, not the whole desired state. A cycle that
-dies among the frozen objects would wait for an unfreeze, so once an hour a full sync also
-unfreezes and collects everything (~1-2 s at 10,000 Services) before freezing again.
+A cold sync builds a few long-lived objects per real server, millions in a large cluster.
+Python starts a full collection each time the surviving objects grow by a quarter, and each one
+scans them all: work for nothing, since the planner's values hold no reference cycles and are
+freed by reference counting when replaced. So a sync runs with the collector off, and after a
+full sync what survives is frozen (``gc.freeze``, a constant-time move): later collections,
+started by the watch threads' allocations, scan only young objects, not the whole desired
+state. A cycle that dies among the frozen objects would wait for an unfreeze, so at most once
+an interval (an hour) a full sync also unfreezes and collects everything, a pause in proportion
+to the whole state, before freezing again. (What the collector cost and costs: see
+docs/performance.md.)
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""How the C allocator keeps the daemon's memory: glibc's defaults cost ~15 MiB (7%) at
-10,000 Services.
+"""How the C allocator keeps the daemon's memory: one arena and fixed mmap and trim
+thresholds rather than glibc's defaults, which hold on to more of it (docs/performance.md).
 
 Python keeps its small objects in its own arenas, but every larger block (dict and set tables,
 lists, the API server's pages of JSON, netlink buffers) comes from malloc, where two of glibc's
@@ -9,9 +9,6 @@ defaults suit a long-running, threaded Python process poorly:
   heap, fragment it, and are seldom returned to the system;
 - each thread that allocates gets an arena of its own (up to 8 per core), each keeping its own
   free memory, while the interpreter's lock lets one thread run Python at a time anyway.
-Measured in the lab kernel (``ipvsproxy run`` at 10,000 x 10, peak RSS at the first sync /
-after 3 more full syncs): defaults 204 / 215 MiB; one arena 198 / 209; a fixed mmap threshold
-200 / 200; both, with a fixed trim threshold, 198 / 198.
 
 So ``ipvsproxy run`` sets these as it starts, before it lists anything; a matching MALLOC_*
 environment variable (glibc's own tunable) set by the operator wins. Elsewhere (another C

@@ -1,13 +1,14 @@
 """A netlink socket that sends many requests per system call and learns every request's outcome.
 
-One request per round trip is several times slower than ``ipvsadm -R`` in the lab kernel (see
-the facts file); hundreds per ``send()`` beat it. The kernel answers every failed request with
-an error naming its sequence number, asked or not, and handles the requests of one send in
-order; so only the last request of a batch asks for an ack, and that ack means every earlier
-request was handled: a request without an error succeeded. Asking an ack of every request
-cost one ``recv()`` system call per request (each ack is its own socket buffer), which made
-the acks, not the requests, most of a cold sync's time. The kernel rejecting one message of a
-batch is still reported against that message, and the rest of the batch still runs.
+Requests go hundreds per ``send()`` (up to ``BATCH_BYTES``), never one per round trip: a system
+call per request would make the calls, not the kernel's work, a sync's cost (docs/performance.md
+compares both with ``ipvsadm -R``). The kernel answers every failed request with an error naming
+its sequence number, asked or not, and handles the requests of one send in order; so only the
+last request of a batch asks for an ack, and that ack means every earlier request was handled: a
+request without an error succeeded. An ack for every request would cost one ``recv()`` system
+call per request (each ack is its own socket buffer), as many system calls as requests. The
+kernel rejecting one message of a batch is still reported against that message, and the rest of
+the batch still runs.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ CTRL_CMD_GETFAMILY = 3
 CTRL_ATTR_FAMILY_ID = 1
 CTRL_ATTR_FAMILY_NAME = 2
 
-# Bytes of requests per send(); the kernel's default socket send limit is ~208 KiB.
+# Bytes of requests per send(), below the kernel's default socket send buffer (208 KiB).
 BATCH_BYTES = 128 * 1024
 RCVBUF = 64 * 1024 * 1024
 # One received socket buffer: dump parts are at most 32 KiB, errors echo one request.
@@ -83,7 +84,7 @@ class NetlinkSocket:
         self._seq = int.from_bytes(os.urandom(2), "little") << 8
         self.sends = 0  # system calls that carried requests, for the metrics and tests
         self.receives = 0  # system calls that read replies, for the tests
-        self._buffer = bytearray(RECV_BYTES)  # reused: a fresh 1 MiB per recv() is an mmap
+        self._buffer = bytearray(RECV_BYTES)  # reused: a fresh one per recv() is an mmap
 
     def close(self) -> None:
         self.sock.close()
