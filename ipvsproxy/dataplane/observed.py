@@ -193,7 +193,7 @@ def adopt_ours(
     Services want (their real servers are programmed as ours anyway; a lost or unreadable
     state file, or a node taken over from kube-proxy, must not leave them behind once
     unwanted), and those on a node address whose port the kernel's NodePort set of
-    upstream's name records (``ipsets.recorded_node_ports``: kube-proxy's NodePorts on a node
+    upstream's name records (``ipset_specs.recorded_node_ports``: kube-proxy's NodePorts on a node
     taken over, also of Services deleted meanwhile). Those on kube-ipvs0 are ours by the
     device. Nothing in ``excluded`` is ours."""
     ours, want = state.virtual_servers, desired.virtual_servers
