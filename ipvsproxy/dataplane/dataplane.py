@@ -34,7 +34,7 @@ from ipvsproxy.dataplane.differ import differing
 from ipvsproxy.dataplane.drain import StaleUdpFlows, drain, expired
 from ipvsproxy.dataplane.observed import Observed, read_kernel, record_ipvs, reread
 from ipvsproxy.dataplane.retries import Failure, Failures
-from ipvsproxy.dataplane.snapshot import Snapshot
+from ipvsproxy.dataplane.snapshot import DesiredView, Snapshot
 from ipvsproxy.dataplane.statefile import State, StateFile
 from ipvsproxy.dataplane.steps import (
     bind_addresses,
@@ -512,3 +512,9 @@ class Dataplane:
         if self._state_write_error is not None:
             log.info("the state file %s is written again", self.statefile.path)
             self._state_write_error = None
+
+    def desired_view(self) -> DesiredView:
+        """The desired IPVS state and the Services' names, for the daemon's /status."""
+        return DesiredView(
+            self.desired.virtual_servers, self.desired.real_servers, self.state.identities
+        )

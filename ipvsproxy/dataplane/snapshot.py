@@ -1,9 +1,12 @@
-"""What the dataplane reports about itself, for the daemon's metrics."""
+"""What the dataplane reports about itself, for the daemon's metrics and /status."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from ipvsproxy.core.identities import ServiceIdentity
+from ipvsproxy.core.virtual_servers import DestKey, RealServerLike, ServiceKey, VirtualServer
 
 
 @dataclass(frozen=True)
@@ -21,3 +24,14 @@ class Snapshot:
     no_local_endpoints: int  # externalTrafficPolicy Local virtual servers without a local endpoint
     failed_services: int  # Services whose programming failed, waiting for their retry
     kernel_problems: int  # kernel reads and sysctls that fail
+
+
+@dataclass(frozen=True)
+class DesiredView:
+    """The desired IPVS state and the names of the Services' virtual servers, for the daemon's
+    /status. The mappings are the dataplane's own, not copies: read them under the daemon's
+    sync lock, which every change of them holds."""
+
+    virtual_servers: Mapping[ServiceKey, VirtualServer]
+    real_servers: Mapping[ServiceKey, Mapping[DestKey, RealServerLike]]
+    identities: Mapping[str, ServiceIdentity]  # service key -> the names of its virtual servers
