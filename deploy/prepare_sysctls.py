@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ipvsproxy import config
-from ipvsproxy.daemon.proxy import conntrack_sysctls
+from ipvsproxy.daemon.kernel_settings import conntrack_sysctls
 from ipvsproxy.kernel.sysctl import Sysctls, required
 
 PREFIX = "ipvsproxy-entrypoint:"

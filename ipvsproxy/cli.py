@@ -57,9 +57,9 @@ def cmd_run(argv: Sequence[str]) -> int:
     # Before the daemon's imports and lists: what malloc hands out from here on follows it.
     applied = malloc_tuning.configure()
     logging.getLogger("ipvsproxy").debug("malloc settings: %s", applied or "unchanged")
-    from ipvsproxy.daemon import proxy as daemon
+    from ipvsproxy.daemon.wiring import run
 
-    return daemon.run(cfg)
+    return run(cfg)
 
 
 def cmd_cleanup(argv: Sequence[str]) -> int:

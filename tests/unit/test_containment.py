@@ -233,10 +233,10 @@ class Recorder:
 
 def _proxy(dp: Dataplane, *flags: str) -> Any:
     from ipvsproxy.config import build
-    from ipvsproxy.daemon import proxy as daemon
+    from ipvsproxy.daemon.proxy import Proxy
     from ipvsproxy.servers.metrics import Metrics
 
-    proxy: Any = daemon.Proxy(build(None, list(flags)), dp, Metrics())
+    proxy: Any = Proxy(build(None, list(flags)), dp, Metrics())
     proxy.events = Recorder()
     return proxy
 
@@ -279,7 +279,7 @@ def test_the_sync_runner_goes_on_after_a_sync_raised(h: host.Host) -> None:
 
     proxy.reconcile = reconcile
     proxy.apply_changes = reconcile
-    proxy._mark("default/x", None)  # work for the runner after the first sync
+    proxy.changes.mark("default/x", None)  # work for the runner after the first sync
     runner = threading.Thread(target=proxy.run, daemon=True)
     runner.start()
     runner.join(timeout=30)

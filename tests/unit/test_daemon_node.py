@@ -10,7 +10,8 @@ from ipvsproxy.config import build
 from ipvsproxy.core import ipset_specs, ruleset
 from ipvsproxy.core.node_addresses import FALLBACK_NODE_IP
 from ipvsproxy.core.plan import NodeFacts
-from ipvsproxy.daemon import proxy as daemon
+from ipvsproxy.daemon.node import node_facts, rules_config
+from ipvsproxy.daemon.proxy import Proxy
 from ipvsproxy.servers.metrics import Metrics
 
 NODE = {
@@ -40,26 +41,24 @@ class FakeAddresses:
 class FakeDataplane:
     def __init__(self, addresses: FakeAddresses, cfg: Any) -> None:
         self.backends = SimpleNamespace(addresses=addresses)
-        self.node: NodeFacts = daemon.node_facts(
-            "node-1", cast(Any, self.backends), cfg, FALLBACK_NODE_IP
-        )
+        self.node: NodeFacts = node_facts("node-1", cast(Any, self.backends), cfg, FALLBACK_NODE_IP)
         self.updated: list[str] = []
         self.notices: dict[str, str] = {}  # reports about other Services (none here)
-        self.rules_config = daemon.rules_config(cfg)
+        self.rules_config = rules_config(cfg)
 
     def update_service(self, service: str, _svc: Any, _slices: Any) -> None:
         self.updated.append(service)
 
 
-def proxy_with(argv: list[str]) -> tuple[daemon.Proxy, FakeDataplane]:
+def proxy_with(argv: list[str]) -> tuple[Proxy, FakeDataplane]:
     cfg = build(None, argv)
     # lo, eth0, the pod bridge: the string-smallest local address is the bridge's.
     addrs = FakeAddresses([(1, "127.0.0.1"), (2, "192.168.56.11"), (3, "10.244.1.1")])
     dp = FakeDataplane(addrs, cfg)
-    proxy = daemon.Proxy(cfg, cast(Any, dp), Metrics())
+    proxy = Proxy(cfg, cast(Any, dp), Metrics())
     proxy.on_service("default/np", None, cast(Any, NODE_PORT))
     proxy.on_service("default/cip", None, cast(Any, CLUSTER_IP))
-    proxy._take()
+    proxy.changes.take()
     return proxy, dp
 
 
@@ -67,34 +66,34 @@ def test_primary_node_port_address_is_the_nodes_internal_ip() -> None:
     proxy, dp = proxy_with(["--nodeport-addresses", "primary"])
     assert "10.244.1.1" not in dp.node.node_ips  # not the string-smallest local address
     proxy.on_node("node-1", None, cast(Any, NODE))
-    assert set(proxy.dirty) == {"default/np"}  # only the Service that reads node addresses
+    assert set(proxy.changes.dirty) == {"default/np"}  # only the Service that reads node addresses
     proxy._replan()
     assert dp.node.primary_ip == "192.168.56.11"  # the source-range node check's IP too
     assert dp.node.node_ips == ("192.168.56.11",)
     assert dp.updated == ["default/np"]
     # The same Node again: nothing to re-plan.
     proxy.on_node("node-1", cast(Any, NODE), cast(Any, NODE))
-    assert not proxy.dirty
+    assert not proxy.changes.dirty
 
 
 def test_a_bind_address_is_the_node_ip_whatever_the_node_says() -> None:
     proxy, dp = proxy_with(["--bind-address", "10.0.0.7"])
     proxy.on_node("node-1", None, cast(Any, NODE))
     proxy._replan()
-    assert proxy.node_ip() == "10.0.0.7" and dp.node.primary_ip == "10.0.0.7"
+    assert proxy.node.ip() == "10.0.0.7" and dp.node.primary_ip == "10.0.0.7"
 
 
 def test_no_node_ip_anywhere_is_upstreams_loopback() -> None:
     proxy, dp = proxy_with([])
     proxy.on_node("node-1", None, cast(Any, {"metadata": {"name": "node-1"}}))
     proxy._replan()
-    assert proxy.node_ip() == "127.0.0.1" and dp.node.primary_ip == "127.0.0.1"
+    assert proxy.node.ip() == "127.0.0.1" and dp.node.primary_ip == "127.0.0.1"
 
 
 class Notices:
     """AddressEvents' stand-in: hands out the given notices, then stops the proxy."""
 
-    def __init__(self, proxy: daemon.Proxy, notices: list[set[int] | None]) -> None:
+    def __init__(self, proxy: Proxy, notices: list[set[int] | None]) -> None:
         self.proxy = proxy
         self.notices = notices
 
@@ -110,11 +109,11 @@ def test_an_address_notice_replans_the_services_that_read_node_addresses() -> No
     assert list(dp.node.node_ips) == ["10.244.1.1", "192.168.56.11"]
     dp.backends.addresses.addresses.append((2, "192.168.56.211"))  # keepalived adds a VIP to eth0
     # kube-ipvs0's own notices (ipvsproxy's binds) are no change of the node's addresses.
-    proxy.watch_addresses(cast(Any, Notices(proxy, [{9}, set()])))
-    assert not proxy.dirty and not proxy.addresses_stale.is_set()
+    proxy.node.watch_addresses(cast(Any, Notices(proxy, [{9}, set()])))
+    assert not proxy.changes.dirty and not proxy.node.addresses_stale.is_set()
     proxy.stop.clear()
-    proxy.watch_addresses(cast(Any, Notices(proxy, [{9, 2}])))
-    assert set(proxy.dirty) == {"default/np"} and proxy.addresses_stale.is_set()
+    proxy.node.watch_addresses(cast(Any, Notices(proxy, [{9, 2}])))
+    assert set(proxy.changes.dirty) == {"default/np"} and proxy.node.addresses_stale.is_set()
     proxy._replan()
     assert list(dp.node.node_ips) == ["10.244.1.1", "192.168.56.11", "192.168.56.211"]
     assert "192.168.56.211" in dp.node.local_addresses  # an externalIP there is not bound
@@ -122,7 +121,7 @@ def test_an_address_notice_replans_the_services_that_read_node_addresses() -> No
     # Removed again; notices lost (the socket overflowed): everything is re-read.
     dp.backends.addresses.addresses.remove((2, "192.168.56.211"))
     proxy.stop.clear()
-    proxy.watch_addresses(cast(Any, Notices(proxy, [None])))
+    proxy.node.watch_addresses(cast(Any, Notices(proxy, [None])))
     proxy._replan()
     assert dp.node.node_ips == ("10.244.1.1", "192.168.56.11")
 
@@ -132,7 +131,7 @@ def test_addresses_are_read_again_every_sync_period_without_notices() -> None:
     dp.backends.addresses.addresses.append((2, "192.168.56.211"))
     proxy._replan()
     assert "192.168.56.211" not in dp.node.node_ips  # no notice, within the period: not read
-    proxy._addresses_read -= 3600
+    proxy.node._addresses_read -= 3600
     proxy._replan()
     assert "192.168.56.211" in dp.node.node_ips
 
@@ -163,7 +162,7 @@ def test_node_cidr_without_a_pod_cidr_stops_the_start() -> None:
 
 def test_a_failing_read_of_the_node_addresses_does_not_stop_the_sync() -> None:
     """The node's addresses are dumped again every sync period: when that dump fails (as the
-    dataplane's own read of kube-ipvs0 may, issue 13 A4), the Services are still handed to the
+    dataplane's own read of kube-ipvs0 may), the Services are still handed to the
     dataplane with the addresses last read, and the read is tried again at the next sync."""
     proxy, dp = proxy_with(["--ipvs-sync-period", "1h"])
     proxy.on_service("default/cip", None, cast(Any, CLUSTER_IP))
@@ -173,7 +172,7 @@ def test_a_failing_read_of_the_node_addresses_does_not_stop_the_sync() -> None:
         raise OSError(105, "No buffer space available")
 
     dp.backends.addresses.indexed = failing
-    proxy._addresses_read -= 3600  # a sync period since the last read
+    proxy.node._addresses_read -= 3600  # a sync period since the last read
     proxy._replan()
     assert dp.updated == ["default/cip"]
     assert dp.node == before

@@ -7,16 +7,14 @@ import logging
 import math
 import threading
 import time
-from typing import Any, cast
-
-import pytest
+from typing import Any
 
 from ipvsproxy.config import build
-from ipvsproxy.daemon import proxy as daemon
-from ipvsproxy.daemon.proxy import conntrack_sysctls, rules_config
-from ipvsproxy.dataplane.dataplane import SyncResult
+from ipvsproxy.daemon.changes import TRIGGER_ANNOTATION, trigger_time
+from ipvsproxy.daemon.kernel_settings import conntrack_sysctls
+from ipvsproxy.daemon.node import rules_config
+from ipvsproxy.daemon.wiring import drain_seconds, set_oom_score_adj, start_server
 from ipvsproxy.process import logs
-from ipvsproxy.servers.metrics import Metrics
 
 
 def test_conntrack_settings_follow_upstream() -> None:
@@ -38,9 +36,9 @@ def test_conntrack_settings_follow_upstream() -> None:
 
 def test_oom_score_adj_is_written_at_start(tmp_path: Any) -> None:
     target = tmp_path / "oom_score_adj"
-    daemon.set_oom_score_adj(build(None, []).oom_score_adj, str(target))
+    set_oom_score_adj(build(None, []).oom_score_adj, str(target))
     assert target.read_text() == "-999\n"  # upstream's default
-    daemon.set_oom_score_adj(-1000, str(tmp_path / "missing" / "oom_score_adj"))  # logged only
+    set_oom_score_adj(-1000, str(tmp_path / "missing" / "oom_score_adj"))  # logged only
 
 
 def test_a_server_that_cannot_bind_exits_only_with_bind_address_hard_fail() -> None:
@@ -59,8 +57,8 @@ def test_a_server_that_cannot_bind_exits_only_with_bind_address_hard_fail() -> N
                 s.bind(("127.0.0.1", port))
             started.append(port)
 
-        assert not daemon.start_server("health", start, True, stop)
-        assert daemon.start_server("health", start, False, stop, retry=0.05)
+        assert not start_server("health", start, True, stop)
+        assert start_server("health", start, False, stop, retry=0.05)
     deadline = time.monotonic() + 10
     while not started and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -69,10 +67,10 @@ def test_a_server_that_cannot_bind_exits_only_with_bind_address_hard_fail() -> N
 
 
 def test_the_tcp_drain_bound_is_a_setting_and_zero_means_none() -> None:
-    assert daemon.drain_seconds(build(None, [])) == 15 * 60  # the default: 15 minutes
-    assert daemon.drain_seconds(build(None, ["--ipvs-drain-timeout", "2m"])) == 120.0
+    assert drain_seconds(build(None, [])) == 15 * 60  # the default: 15 minutes
+    assert drain_seconds(build(None, ["--ipvs-drain-timeout", "2m"])) == 120.0
     # 0: as upstream, a real server drains until it has no connections left.
-    assert daemon.drain_seconds(build(None, ["--ipvs-drain-timeout", "0"])) == math.inf
+    assert drain_seconds(build(None, ["--ipvs-drain-timeout", "0"])) == math.inf
 
 
 def test_local_detector_comes_from_the_configuration() -> None:
@@ -96,34 +94,7 @@ def test_json_logs_are_one_object_per_line() -> None:
 
 
 def test_programming_latency_starts_at_the_trigger_annotation() -> None:
-    from ipvsproxy.daemon.proxy import TRIGGER_ANNOTATION, _trigger_time
-
     sl = {"metadata": {"annotations": {TRIGGER_ANNOTATION: "2026-12-02T15:04:05Z"}}}
-    assert _trigger_time(sl) == 1796223845.0
-    assert _trigger_time({"metadata": {}}) is None
-    assert _trigger_time({"metadata": {"annotations": {TRIGGER_ANNOTATION: "garbage"}}}) is None
-
-
-def test_the_first_full_sync_runs_at_once_on_a_freshly_booted_node(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The monotonic clock starts near 0 at boot: a long sync period must not delay the first
-    sync of a node that booted a moment ago (it did, by up to one sync period)."""
-    real = time.monotonic
-    start = real()
-    monkeypatch.setattr(time, "monotonic", lambda: real() - start + 5.0)  # 5 s uptime
-    cfg = build(None, ["--ipvs-sync-period", "1h"])
-    proxy = daemon.Proxy(cfg, cast(Any, None), Metrics())
-    calls: list[str] = []
-
-    def reconcile() -> SyncResult:
-        calls.append("reconcile")
-        proxy.stop.set()
-        return SyncResult(full=True)
-
-    monkeypatch.setattr(proxy, "reconcile", reconcile)
-    runner = threading.Thread(target=proxy.run, daemon=True)
-    runner.start()
-    runner.join(timeout=10)
-    proxy.stop.set()
-    assert calls == ["reconcile"]
+    assert trigger_time(sl) == 1796223845.0
+    assert trigger_time({"metadata": {}}) is None
+    assert trigger_time({"metadata": {"annotations": {TRIGGER_ANNOTATION: "garbage"}}}) is None

@@ -17,7 +17,7 @@ import pytest
 from kubernetes import config
 
 from ipvsproxy.config import ProxyConfig
-from ipvsproxy.daemon import proxy as daemon
+from ipvsproxy.daemon.wiring import informers
 from ipvsproxy.kube import client as kubeapi
 from ipvsproxy.kube.informer import Backoff, Informer
 from lab.cluster.controlplane import ControlPlane
@@ -320,7 +320,7 @@ def test_the_daemon_notices_a_silent_watch_within_a_minute() -> None:
     proxy: Any = type("P", (), {"stop": threading.Event()})()
     for name in ("on_service", "on_slice", "on_node"):
         setattr(proxy, name, lambda *_a: None)
-    infs = daemon.informers(ProxyConfig(), object(), proxy, "node-1")
+    infs = informers(ProxyConfig(), object(), proxy, "node-1")
     assert {i.name for i in infs} == {"services", "endpointslices", "node"}
     for inf in infs:
         assert 0 < inf.read_timeout <= 60

@@ -1,4 +1,4 @@
-"""/healthz and /livez follow upstream's pkg/proxy/healthcheck/proxy_health.go (issue 13 A2).
+"""/healthz and /livez follow upstream's pkg/proxy/healthcheck/proxy_health.go.
 
 Upstream: healthy while starting (the sync loop marks itself updated when it starts, and
 nothing is queued before the initial lists are done); a change queues an update unless one is
@@ -21,7 +21,7 @@ import pytest
 
 from bench import host
 from ipvsproxy.config import build
-from ipvsproxy.daemon import proxy as daemon
+from ipvsproxy.daemon.proxy import Proxy
 from ipvsproxy.dataplane.dataplane import SyncResult
 from ipvsproxy.kernel.errors import ApplyError, Rejected
 from ipvsproxy.servers.healthz import HealthState
@@ -50,7 +50,7 @@ def h(tmp_path: Path) -> Iterator[host.Host]:
 
 
 def _proxy(h: host.Host) -> Any:
-    proxy: Any = daemon.Proxy(build(None, []), h.dp, Metrics())
+    proxy: Any = Proxy(build(None, []), h.dp, Metrics())
     proxy.events = Recorder()
     proxy.informers = [Synced("services"), Synced("endpointslices")]
     return proxy
@@ -141,7 +141,7 @@ def test_a_change_queued_during_a_sync_is_cleared_by_its_end_as_upstream(h: host
 
     h.dp.sync = sync_while_a_change_arrives  # type: ignore[method-assign]
     proxy.apply_changes()
-    assert proxy.dirty  # web2 waits for the next sync
+    assert proxy.changes.dirty  # web2 waits for the next sync
     assert _code(proxy, TIMEOUT + 1) == 200
 
 

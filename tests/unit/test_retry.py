@@ -93,9 +93,7 @@ def test_a_refused_operation_does_not_hold_up_other_changes(h: host.Host) -> Non
         # The refused Service is retried on its own backoff meanwhile.
         _wait(lambda: h.dp.failed["default/bad"].attempts >= 3, "bad retried")
     finally:
-        proxy.stop.set()
-        with proxy.cond:
-            proxy.cond.notify_all()
+        proxy.request_stop()
         runner.join(timeout=10)
     assert results[0].full
     assert [r.full for r in results[1:]] == [False] * (len(results) - 1)

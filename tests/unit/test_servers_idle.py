@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from ipvsproxy import config
-from ipvsproxy.daemon import proxy as daemon
+from ipvsproxy.daemon.wiring import serve_metrics
 from ipvsproxy.servers.healthz import HealthState
 from ipvsproxy.servers.healthz import serve as serve_health
 from ipvsproxy.servers.httpserver import HTTPServer, Response
@@ -148,7 +148,7 @@ def test_status_is_next_to_metrics_apart_or_off(
     if flag is not None:
         argv += ["--status-bind-address", f"127.0.0.1:{status_port}" if apart else flag]
     cfg = config.build(None, argv)
-    servers = daemon.serve_metrics(cfg, Metrics(), _Proxy())  # type: ignore[arg-type]
+    servers = serve_metrics(cfg, Metrics(), _Proxy())  # type: ignore[arg-type]
     try:
         assert get(metrics_port, "/metrics")[0] == 200
         assert get(metrics_port, "/status")[0] == on_metrics

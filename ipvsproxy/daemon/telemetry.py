@@ -1,0 +1,92 @@
+"""Telemetry: what each sync reports, in the metrics, the log and Warning Events."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from ipvsproxy.dataplane.dataplane import SyncResult
+from ipvsproxy.dataplane.snapshot import Snapshot
+from ipvsproxy.servers.metrics import Metrics
+
+log = logging.getLogger("ipvsproxy")
+
+
+class Telemetry:
+    """Records each sync: its own figures from its ``SyncResult``, the dataplane's from its
+    ``Snapshot`` (the only view of the dataplane it has), a log line and a Warning Event per
+    Service that failed, and the sync's errors.
+
+    The snapshot's counters are cumulative; each record adds to the Prometheus counters what
+    they grew by since the record before."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        warn: Callable[[str, str, str], object],
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.metrics = metrics
+        self.warn = warn  # (service, reason, message): a Warning Event
+        self.wall = wall
+        self._reported: dict[tuple[str, str], int] = {}  # counter totals already exported
+
+    def record(
+        self,
+        result: SyncResult,
+        snapshot: Snapshot,
+        pending: int,
+        taken: Mapping[str, float | None],
+    ) -> float | None:
+        """Record a sync that handled the Services in ``taken`` (-> their trigger times) and
+        left ``pending`` marked. Returns the wall time the sync counts as done at when it ran
+        to its end (upstream's proxier then marks itself updated), else None."""
+        metrics = self.metrics
+        metrics.sync_duration.observe(result.seconds)
+        totals = dict(snapshot.operations)
+        totals["restore", "failures"] = snapshot.restore_failures
+        totals["state_file", "failures"] = snapshot.state_write_failures
+        for (kind, outcome), count in totals.items():
+            delta = count - self._reported.get((kind, outcome), 0)
+            if delta <= 0:
+                continue
+            if outcome == "failures":
+                failures = (
+                    metrics.restore_failures if kind == "restore" else metrics.state_write_failures
+                )
+                failures.inc(delta)
+            else:
+                metrics.netlink_ops.labels(kind, outcome).inc(delta)
+        self._reported = totals
+        metrics.draining.set(snapshot.draining)
+        metrics.no_local_endpoints.labels("External").set(snapshot.no_local_endpoints)
+        metrics.endpoint_pending.set(pending)
+        metrics.service_pending.set(pending)
+        metrics.failed_services.set(snapshot.failed_services)
+        metrics.kernel_problems.set(snapshot.kernel_problems)
+        for service, why in sorted(result.failed.items()):
+            log.warning("cannot program service %s: %s", service or "(deleted)", why)
+            if service:
+                self.warn(service, "FailedToProgram", why)
+        if result.errors:
+            metrics.sync_errors.inc()
+            for err in result.errors:
+                log.error("sync: %s", err)
+        if not result.complete:
+            return None  # upstream's sync whose iptables-restore failed: not marked updated
+        # As upstream, a sync that ran to its end is done, per-object failures included (they
+        # are reported above).
+        now = self.wall()
+        metrics.last_sync.set(now)
+        for trigger in taken.values():
+            if trigger is not None:
+                metrics.programming_duration.observe(max(0.0, now - trigger))
+        log.info(
+            "%s sync: %d writes in %.3f s, %d services changed",
+            "full" if result.full else "incremental",
+            result.writes,
+            result.seconds,
+            len(taken),
+        )
+        return now

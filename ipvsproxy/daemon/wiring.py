@@ -1,0 +1,224 @@
+"""``ipvsproxy run``: the process around the ``Proxy``: the state file lock, the API client,
+the kernel backends and settings, the dataplane, the HTTP servers, the informers' threads and
+the signals."""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ipvsproxy.config import ProxyConfig
+from ipvsproxy.core.node_addresses import FALLBACK_NODE_IP, node_ip
+from ipvsproxy.core.plan import PlanConfig
+from ipvsproxy.core.service_ports import LABEL_SERVICE_NAME
+from ipvsproxy.daemon.kernel_settings import apply_kernel_settings
+from ipvsproxy.daemon.node import node_facts, rules_config
+from ipvsproxy.daemon.proxy import Proxy
+from ipvsproxy.dataplane.dataplane import Backends, Dataplane
+from ipvsproxy.dataplane.statefile import StateLock
+from ipvsproxy.kernel.addresses import AddressEvents
+from ipvsproxy.kube import client as kubeapi
+from ipvsproxy.kube import slim
+from ipvsproxy.kube.events import EventRecorder
+from ipvsproxy.kube.informer import Informer
+from ipvsproxy.servers.healthz import json_route, serve_routes
+from ipvsproxy.servers.healthz import serve as serve_health
+from ipvsproxy.servers.httpserver import HTTPServer
+from ipvsproxy.servers.metrics import Metrics
+
+log = logging.getLogger("ipvsproxy")
+
+
+def start_server(
+    what: str,
+    start: Callable[[], object],
+    hard_fail: bool,
+    stop: threading.Event,
+    retry: float = 5.0,
+) -> bool:
+    """Start a server; when its port cannot be bound, False with bindAddressHardFail (the
+    daemon exits), else the error is logged and the server tried again every ``retry`` seconds
+    (upstream's behaviour either way)."""
+    try:
+        start()
+        return True
+    except OSError as exc:
+        if hard_fail:
+            log.error("cannot start the %s server: %s (bindAddressHardFail: exiting)", what, exc)
+            return False
+        log.error("cannot start the %s server: %s; trying again every %g s", what, exc, retry)
+
+    def again() -> None:
+        while not stop.wait(retry):
+            try:
+                start()
+            except OSError:
+                continue
+            log.info("the %s server started", what)
+            return
+
+    threading.Thread(target=again, name=f"start-{what}", daemon=True).start()
+    return True
+
+
+def set_oom_score_adj(value: int, path: str = "/proc/self/oom_score_adj") -> None:
+    """The daemon's oom_score_adj (upstream's oomScoreAdj, -999 by default); a refusal is
+    logged, not fatal (upstream logs it too)."""
+    try:
+        Path(path).write_text(f"{value}\n")
+    except OSError as exc:
+        log.warning("cannot set oom_score_adj to %d: %s", value, exc)
+
+
+def api_client(cfg: ProxyConfig) -> Any:
+    from kubernetes import client, config
+
+    from_file: Any = config.new_client_from_config
+    in_cluster: Any = config.load_incluster_config
+    if cfg.kubeconfig or not cfg.master:
+        if cfg.kubeconfig:
+            api = from_file(config_file=cfg.kubeconfig)
+        else:
+            conf = client.Configuration()
+            in_cluster(client_configuration=conf)
+            api = client.ApiClient(conf)
+        if cfg.master:
+            api.configuration.host = cfg.master
+        return api
+    conf = client.Configuration()
+    conf.host = cfg.master
+    return client.ApiClient(conf)
+
+
+def serve_metrics(cfg: ProxyConfig, metrics: Metrics, proxy: Proxy) -> list[HTTPServer]:
+    """/metrics, and /status next to it or on its own address (--status-bind-address)."""
+    status = {"/status": json_route(lambda: (200, proxy.status_document()))}
+    servers = []
+    apart = cfg.status_bind_address not in (None, cfg.metrics_bind_address)
+    if cfg.metrics_bind_address:
+        servers.append(metrics.serve(cfg.metrics_bind_address, {} if apart else status))
+    if apart and cfg.status_bind_address:
+        servers.append(serve_routes(cfg.status_bind_address, status, "status", workers=2))
+    return servers
+
+
+def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[Informer]:
+    """Services and EndpointSlices that this proxy serves, and this node's Node object."""
+    watch_timeout = max(1, int(cfg.watch_timeout))
+    proxied = "!service.kubernetes.io/headless"
+    if cfg.service_proxy_name:
+        proxied += f",service.kubernetes.io/service-proxy-name={cfg.service_proxy_name}"
+    else:
+        proxied += ",!service.kubernetes.io/service-proxy-name"
+    return [
+        Informer(
+            "services",
+            kubeapi.Lister(api, kubeapi.SERVICES),
+            proxy.on_service,
+            stop=proxy.stop,
+            resource="services",
+            label_selector=proxied,
+            watch_timeout=watch_timeout,
+            transform=slim.service,
+        ),
+        Informer(
+            "endpointslices",
+            kubeapi.Lister(api, kubeapi.ENDPOINT_SLICES),
+            proxy.on_slice,
+            stop=proxy.stop,
+            resource="endpointslices.discovery.k8s.io",
+            label_selector=LABEL_SERVICE_NAME,
+            watch_timeout=watch_timeout,
+            transform=slim.endpoint_slice,
+        ),
+        Informer(
+            "node",
+            kubeapi.Lister(api, kubeapi.NODES),
+            proxy.on_node,
+            stop=proxy.stop,
+            resource="nodes",
+            field_selector=f"metadata.name={node_name}",
+            watch_timeout=watch_timeout,
+        ),
+    ]
+
+
+def run(cfg: ProxyConfig) -> int:
+    for warning in cfg.warnings:
+        log.warning("config: %s", warning)
+    set_oom_score_adj(cfg.oom_score_adj)
+    # Held for the process's life, taken before anything touches the kernel or binds a port:
+    # a second instance on the node (a DaemonSet update with maxSurge) waits here for the
+    # first to exit; meanwhile the kubelet's probes reach the first one's health port.
+    lock = _lock_state(Path(cfg.state_path))
+    api = api_client(cfg)
+    node_name = cfg.hostname_override or socket.gethostname()
+    backends = Backends.open()
+    apply_kernel_settings(cfg, backends)
+    events = AddressEvents()  # before the first read, so no change falls in between
+    # The node IP is provisional until the Node object is listed (wait_for_node).
+    facts = node_facts(
+        node_name, backends, cfg, node_ip(cfg.bind_address, None) or FALLBACK_NODE_IP
+    )
+    dp = Dataplane(
+        facts,
+        backends,
+        Path(cfg.state_path),
+        plan_config=PlanConfig(scheduler=cfg.scheduler, proxy_name=cfg.service_proxy_name),
+        rules_config=rules_config(cfg),
+        exclude_cidrs=cfg.exclude_cidrs,
+        grace_seconds=drain_seconds(cfg),
+        strict_arp=cfg.strict_arp,
+    )
+    metrics = Metrics()
+    proxy = Proxy(cfg, dp, metrics)
+    servers: list[tuple[str, Callable[[], object]]] = []
+    if cfg.healthz_bind_address:
+        servers.append(("health", lambda: serve_health(proxy.health, cfg.healthz_bind_address)))
+    servers.append(("metrics", lambda: serve_metrics(cfg, metrics, proxy)))
+    for what, start in servers:
+        if not start_server(what, start, cfg.bind_address_hard_fail, proxy.stop):
+            return 1
+    proxy.informers = informers(cfg, api, proxy, node_name)
+    proxy.events = EventRecorder(lambda ns, body: kubeapi.create_event(api, ns, body), node_name)
+    proxy.health_checks.node = node_name
+    for inf in proxy.informers:
+        threading.Thread(target=inf.run, name=f"informer-{inf.name}", daemon=True).start()
+
+    def stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping, leaving the dataplane in place", signum)
+        proxy.request_stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if not proxy.wait_for_node():
+        return 1
+    threading.Thread(
+        target=proxy.node.watch_addresses, args=(events,), name="addresses", daemon=True
+    ).start()
+    log.info("ipvsproxy on node %s, node IP %s", node_name, proxy.node.ip())
+    proxy.run()
+    backends.close()
+    events.close()
+    if lock is not None:
+        lock.release()
+    return 0
+
+
+def drain_seconds(cfg: ProxyConfig) -> float:
+    """The bound on a TCP real server's graceful termination; 0 in the config: none."""
+    return cfg.ipvs_drain_timeout or math.inf
+
+
+def _lock_state(path: Path) -> StateLock | None:
+    try:
+        return StateLock.acquire(path, wait=True, on_wait=log.warning)
+    except OSError as exc:  # e.g. a read-only directory: the proxy still runs
+        log.warning("cannot lock the state file %s: %s; running without the lock", path, exc)
+        return None
