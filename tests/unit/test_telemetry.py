@@ -1,0 +1,72 @@
+"""Telemetry records a sync from its SyncResult and the dataplane's Snapshot alone: cumulative
+counts become counter increments, sizes become gauges, and only a sync that ran to its end
+counts as done."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ipvsproxy.daemon.telemetry import Telemetry
+from ipvsproxy.dataplane.dataplane import SyncResult
+from ipvsproxy.dataplane.snapshot import Snapshot
+from ipvsproxy.servers.metrics import Metrics
+
+SNAPSHOT = Snapshot(
+    operations={("add_service", "ok"): 3, ("add_dest", "error"): 1},
+    restore_failures=0,
+    state_write_failures=1,
+    draining=2,
+    no_local_endpoints=1,
+    failed_services=1,
+    kernel_problems=0,
+)
+
+
+def _sample(metrics: Metrics, name: str, **labels: str) -> float | None:
+    value: float | None = metrics.registry.get_sample_value(name, labels)
+    return value
+
+
+def test_cumulative_counts_are_exported_as_what_they_grew_by() -> None:
+    metrics = Metrics()
+    telemetry = Telemetry(metrics, warn=lambda *_a: None, wall=lambda: 100.0)
+    telemetry.record(SyncResult(full=True), SNAPSHOT, pending=0, taken={})
+    later = replace(
+        SNAPSHOT,
+        operations={("add_service", "ok"): 5, ("add_dest", "error"): 1},
+        restore_failures=1,
+        draining=0,
+    )
+    telemetry.record(SyncResult(full=False), later, pending=4, taken={})
+    ops = "ipvsproxy_netlink_operations_total"
+    assert _sample(metrics, ops, kind="add_service", outcome="ok") == 5.0
+    assert _sample(metrics, ops, kind="add_dest", outcome="error") == 1.0
+    assert _sample(metrics, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total") == 1.0
+    assert _sample(metrics, "ipvsproxy_state_file_write_failures_total") == 1.0
+    assert _sample(metrics, "ipvsproxy_graceful_termination_real_servers") == 0.0
+    assert _sample(metrics, "kubeproxy_sync_proxy_rules_service_changes_pending") == 4.0
+    assert _sample(metrics, "ipvsproxy_failed_services") == 1.0
+
+
+def test_a_sync_that_ran_to_its_end_is_done_at_the_wall_time() -> None:
+    metrics = Metrics()
+    warnings: list[tuple[str, str, str]] = []
+    telemetry = Telemetry(metrics, warn=lambda *a: warnings.append(a), wall=lambda: 100.0)
+    result = SyncResult(full=False, failed={"default/bad": "refused", "": "a deleted one"})
+    taken = {"default/web": 97.5, "default/bad": None}
+    assert telemetry.record(result, SNAPSHOT, pending=0, taken=taken) == 100.0
+    assert warnings == [("default/bad", "FailedToProgram", "refused")]  # deleted: no Event
+    assert _sample(metrics, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") == 100.0
+    latency = "kubeproxy_network_programming_duration_seconds"
+    assert _sample(metrics, f"{latency}_count") == 1.0  # the change with a trigger time
+    assert _sample(metrics, f"{latency}_sum") == 2.5
+
+
+def test_a_sync_that_did_not_run_to_its_end_is_not_done() -> None:
+    metrics = Metrics()
+    telemetry = Telemetry(metrics, warn=lambda *_a: None, wall=lambda: 100.0)
+    result = SyncResult(full=True, errors=["iptables-restore: failed"], complete=False)
+    assert telemetry.record(result, SNAPSHOT, pending=0, taken={"default/web": 97.5}) is None
+    assert _sample(metrics, "ipvsproxy_sync_errors_total") == 1.0
+    assert _sample(metrics, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") == 0.0
+    assert _sample(metrics, "kubeproxy_network_programming_duration_seconds_count") == 0.0
