@@ -43,45 +43,15 @@ from ipvsproxy.dataplane.steps import (
     unbind_addresses,
     write_rules,
 )
-from ipvsproxy.kernel.addresses import Addresses
-from ipvsproxy.kernel.conntrack import Conntrack
+from ipvsproxy.kernel.backends import Backends as Backends
 from ipvsproxy.kernel.errors import ApplyError
-from ipvsproxy.kernel.ipset import IPSets
-from ipvsproxy.kernel.iptables import IPTables
-from ipvsproxy.kernel.ipvs import IPVS
-from ipvsproxy.kernel.sysctl import Sysctls, required
+from ipvsproxy.kernel.sysctl import required
 
 log = logging.getLogger("ipvsproxy")
 
 DEFAULT_GRACE_SECONDS = 15 * 60
 DEFAULT_PLAN_CONFIG = PlanConfig()
 DEFAULT_RULES_CONFIG = rules.RulesConfig()
-
-
-@dataclass
-class Backends:
-    ipvs: IPVS
-    addresses: Addresses
-    ipsets: IPSets
-    iptables: IPTables
-    conntrack: Conntrack
-    sysctls: Sysctls
-
-    @classmethod
-    def open(cls) -> Backends:
-        return cls(IPVS(), Addresses(), IPSets(), IPTables(), Conntrack(), Sysctls())
-
-    def close(self) -> None:
-        self.ipvs.close()
-        self.addresses.close()
-        self.ipsets.close()
-        self.conntrack.close()
-
-    def each(self) -> tuple[IPVS, Addresses, IPSets, IPTables, Conntrack, Sysctls]:
-        return (self.ipvs, self.addresses, self.ipsets, self.iptables, self.conntrack, self.sysctls)
-
-    def writes(self) -> int:
-        return sum(b.counters.writes for b in self.each())
 
 
 @dataclass

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from ipvsproxy.core.diff import AddressOp, OpKind
 from ipvsproxy.kernel.errors import Counters, settle_batch
 from ipvsproxy.kernel.netlink import codec, rtnl_messages
-from ipvsproxy.kernel.netlink.sock import NETLINK_ROUTE, NetlinkSocket
+from ipvsproxy.kernel.netlink.sock import NETLINK_ROUTE, Channel, NetlinkSocket
 
 DUMMY_DEVICE = "kube-ipvs0"
 
@@ -32,9 +32,9 @@ class Addresses:
     naming each of them, once every other operation of the call has been applied. Only the
     device is written: other interfaces are read, never changed."""
 
-    def __init__(self, device: str = DUMMY_DEVICE, sock: NetlinkSocket | None = None) -> None:
+    def __init__(self, device: str = DUMMY_DEVICE, sock: Channel | None = None) -> None:
         self.device = device
-        self.sock = sock or NetlinkSocket(NETLINK_ROUTE)
+        self.sock: Channel = sock or NetlinkSocket(NETLINK_ROUTE)
         self.counters = Counters()
 
     def close(self) -> None:

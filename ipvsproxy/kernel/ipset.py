@@ -19,7 +19,12 @@ from ipvsproxy.core import ipset_specs
 from ipvsproxy.core.diff import MemberOp, OpKind
 from ipvsproxy.kernel.errors import Counters, Result, settle, settle_batch
 from ipvsproxy.kernel.netlink import ipset_messages
-from ipvsproxy.kernel.netlink.sock import NETLINK_NETFILTER, NetlinkError, NetlinkSocket
+from ipvsproxy.kernel.netlink.sock import (
+    NETLINK_NETFILTER,
+    Channel,
+    NetlinkError,
+    NetlinkSocket,
+)
 
 
 def encode(seq: int, op: MemberOp) -> bytes:
@@ -43,9 +48,9 @@ class IPSets:
     created. Operations the kernel refuses raise one ApplyError naming each of them with
     ipset's reason, once every other operation of the call has been applied."""
 
-    def __init__(self, sock: NetlinkSocket | None = None) -> None:
+    def __init__(self, sock: Channel | None = None) -> None:
         self.counters = Counters()
-        self.sock = sock or NetlinkSocket(NETLINK_NETFILTER)
+        self.sock: Channel = sock or NetlinkSocket(NETLINK_NETFILTER)
 
     def close(self) -> None:
         self.sock.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ipvsproxy.core.ruleset import FILTER_CHAINS, JUMPS, NAT_CHAINS, Jump
@@ -50,18 +50,7 @@ class IPTables:
         return proc.stdout
 
     def read(self) -> Observed:
-        ours: list[str] = []
-        missing: list[Jump] = []
-        for table in ("nat", "filter"):
-            text = self._save(table)
-            lines = text.splitlines()
-            chains = OURS[table]
-            ours += [f"{table} {ln}" for ln in lines if _is_ours(ln, chains)]
-            for jump in JUMPS:
-                if jump.table == table and not any(_is_jump(ln, jump) for ln in lines):
-                    missing.append(jump)
-        digest = hashlib.sha256("\n".join(sorted(ours)).encode()).hexdigest()
-        return Observed(digest, tuple(missing))
+        return observe({table: self._save(table) for table in ("nat", "filter")})
 
     def missing_jumps_checked(self) -> tuple[Jump, ...]:
         """The jumps not in place, asked one at a time with ``iptables -C`` (as upstream's
@@ -79,7 +68,7 @@ class IPTables:
 
     def apply(self, text: str, missing_jumps: Sequence[Jump] = ()) -> None:
         """Rewrite our chains with ``text`` and insert the jumps that are missing."""
-        payload = _with_jumps(text, missing_jumps)
+        payload = with_jumps(text, missing_jumps)
         proc = subprocess.run(
             [self.restore_cmd, "--noflush", "-w", "5"],
             input=payload,
@@ -128,6 +117,22 @@ class IPTables:
                 )
 
 
+def observe(saved: Mapping[str, str]) -> Observed:
+    """What ``iptables-save -t TABLE`` (``saved[TABLE]``, "nat" and "filter") shows of
+    ipvsproxy."""
+    ours: list[str] = []
+    missing: list[Jump] = []
+    for table, text in saved.items():
+        lines = text.splitlines()
+        chains = OURS[table]
+        ours += [f"{table} {ln}" for ln in lines if _is_ours(ln, chains)]
+        for jump in JUMPS:
+            if jump.table == table and not any(_is_jump(ln, jump) for ln in lines):
+                missing.append(jump)
+    digest = hashlib.sha256("\n".join(sorted(ours)).encode()).hexdigest()
+    return Observed(digest, tuple(missing))
+
+
 def _is_ours(line: str, chains: set[str]) -> bool:
     if line.startswith(":"):
         return line[1:].split(" ", 1)[0] in chains
@@ -144,7 +149,7 @@ def _is_jump(line: str, jump: Jump) -> bool:
     )
 
 
-def _with_jumps(text: str, jumps: Sequence[Jump]) -> str:
+def with_jumps(text: str, jumps: Sequence[Jump]) -> str:
     """Insert ``-I`` lines for missing jumps just before each table's COMMIT."""
     if not jumps:
         return text

@@ -15,7 +15,7 @@ from ipvsproxy.core.virtual_servers import (
 )
 from ipvsproxy.kernel.errors import ApplyError, Counters, Rejected, settle_batch
 from ipvsproxy.kernel.netlink import ipvs_messages
-from ipvsproxy.kernel.netlink.sock import NETLINK_GENERIC, NetlinkSocket, resolve_family
+from ipvsproxy.kernel.netlink.sock import NETLINK_GENERIC, Channel, NetlinkSocket, resolve_family
 
 
 def encode(enc: ipvs_messages.Encoder, seq: int, op: ServiceOp | DestOp) -> bytes:
@@ -52,9 +52,9 @@ class IPVS:
     Which virtual servers are ipvsproxy's is the caller's decision: this writes what it is
     given and nothing else."""
 
-    def __init__(self, sock: NetlinkSocket | None = None, family_id: int | None = None) -> None:
+    def __init__(self, sock: Channel | None = None, family_id: int | None = None) -> None:
         """``sock`` and ``family_id`` stand in for the kernel's (the host benchmark's)."""
-        self.sock = sock or NetlinkSocket(NETLINK_GENERIC)
+        self.sock: Channel = sock or NetlinkSocket(NETLINK_GENERIC)
         if family_id is None:
             family_id = resolve_family(self.sock, ipvs_messages.GENL_NAME)
         self.encoder = ipvs_messages.Encoder(family_id)

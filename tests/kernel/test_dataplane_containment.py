@@ -99,7 +99,7 @@ def test_a_refused_service_is_retried_on_its_own_and_others_program_at_once(
     now = [1000.0]
     with node_dataplane(lab_cluster, node, tmp_path / "state.json") as ndp:
         ndp.dp.failures.clock = lambda: now[0]
-        enc = ndp.dp.backends.ipvs.encoder
+        enc = ndp.backends.ipvs.encoder
         new_service = enc.new_service
 
         def refused_scheduler(seq: int, vs: Any) -> bytes:
@@ -159,7 +159,7 @@ def test_a_failing_iptables_save_does_not_stop_programming(
     svc = service("web", "10.96.9.10")
     sl = endpoint_slice("web", [endpoint(lab_cluster.pods[2].ip, "node-2")])
     with node_dataplane(lab_cluster, node, tmp_path / "state.json") as ndp:
-        ndp.dp.backends.iptables.save_cmd = "false"
+        ndp.backends.iptables.save_cmd = "false"
         result = ndp.run(lambda dp: (dp.update_service("default/web", svc, [sl]), dp.sync())[1])
         assert result.full and result.complete
         assert any("reading iptables" in e for e in result.errors), result.errors
@@ -168,6 +168,6 @@ def test_a_failing_iptables_save_does_not_stop_programming(
         assert netns.tcp_request(node.pods[1].netns, "10.96.9.10", 80)["pod"] == want
         assert netns.tcp_request(node.netns, "10.96.9.10", 80)["pod"] == want
         # iptables-save works again: the next full sync finds the jumps and writes nothing.
-        ndp.dp.backends.iptables.save_cmd = "iptables-save"
+        ndp.backends.iptables.save_cmd = "iptables-save"
         again = ndp.run(lambda dp: dp.reconcile())
         assert again.errors == []

@@ -18,7 +18,7 @@ import os
 import socket
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from ipvsproxy.kernel.netlink import codec
 
@@ -60,6 +60,24 @@ class Outcome(NamedTuple):
     @property
     def message(self) -> str:
         return os.strerror(self.errno) if self.errno else "ok"
+
+
+class Channel(Protocol):
+    """What a backend asks of its netlink socket: ``NetlinkSocket`` on a kernel, or a stand-in
+    that answers each request as a fake kernel would (``kernel.fake_netlink``)."""
+
+    sends: int  # system calls that carried requests
+    receives: int  # system calls that read replies
+
+    def next_seq(self) -> int: ...
+
+    def execute(self, requests: Sequence[tuple[int, bytes]]) -> list[Outcome]: ...
+
+    def dump(self, request: bytes, seq: int) -> Iterator[codec.Message]: ...
+
+    def request(self, request: bytes, seq: int) -> list[codec.Message]: ...
+
+    def close(self) -> None: ...
 
 
 class NetlinkSocket:
@@ -173,7 +191,7 @@ class NetlinkSocket:
         return replies
 
 
-def resolve_family(sock: NetlinkSocket, name: str) -> int:
+def resolve_family(sock: Channel, name: str) -> int:
     """The generic netlink family id of ``name`` (e.g. "IPVS")."""
     seq = sock.next_seq()
     body = codec.attr_str(CTRL_ATTR_FAMILY_NAME, name)
