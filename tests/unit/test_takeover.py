@@ -12,7 +12,7 @@ from ipvsproxy.core import ipset_specs
 from ipvsproxy.core.plan import NodeFacts
 from ipvsproxy.core.virtual_servers import Protocol, ServiceKey, VirtualServer
 from ipvsproxy.dataplane.dataplane import Dataplane
-from tests.unit.kernel_model import model_backends
+from ipvsproxy.kernel.fakes import fake_backends
 
 TCP, UDP, SCTP = Protocol.TCP, Protocol.UDP, Protocol.SCTP
 NODE_IP, BRIDGE, OUTSIDE = "192.168.56.11", "10.244.1.1", "198.51.100.7"
@@ -47,8 +47,10 @@ def test_kube_proxys_leftovers_are_removed_and_nobody_elses(tmp_path: Path) -> N
     """No Service wants anything (all deleted while no proxy ran): kube-proxy's ClusterIP
     (on kube-ipvs0) and NodePort virtual servers go, their set members and address too;
     someone else's virtual servers on the node stay."""
-    backends, ipvs, ipsets, addresses = model_backends()
-    addresses.node_addresses = [(2, NODE_IP), (3, BRIDGE), (1, "127.0.0.1")]
+    backends = fake_backends()
+    ipvs, ipsets, addresses = backends.ipvs, backends.ipsets, backends.addresses
+    addresses.add_device("eth0", NODE_IP)
+    addresses.add_device("cni0", BRIDGE)
     kube_proxys = [
         virtual_server("10.96.0.50", 80),
         virtual_server(NODE_IP, 30080),
@@ -60,25 +62,25 @@ def test_kube_proxys_leftovers_are_removed_and_nobody_elses(tmp_path: Path) -> N
         virtual_server("127.0.0.1", 30080),  # loopback carries no NodePort (upstream's rule)
     ]
     for vs in kube_proxys + someone_elses:
-        ipvs.services_[vs.key] = vs
-        ipvs.dests_[vs.key] = {}
-    addresses.addresses = {"10.96.0.50"}
-    ipsets.sets = {name: set() for name in ipset_specs.UPSTREAM_NAMES}
-    ipsets.sets[ipset_specs.NODE_PORT_TCP] = {"30080"}
-    ipsets.sets[ipset_specs.CLUSTER_IP] = {"10.96.0.50,tcp:80"}
-    ipsets.sets[ipset_specs.IPVS_IPS] = {"10.96.0.50"}
+        ipvs.add_virtual_server(vs)
+    addresses.add_device("kube-ipvs0", "10.96.0.50")
+    for name in ipset_specs.UPSTREAM_NAMES:
+        ipsets.add_set(name)
+    ipsets.add_set(ipset_specs.NODE_PORT_TCP, members={"30080"})
+    ipsets.add_set(ipset_specs.CLUSTER_IP, members={"10.96.0.50,tcp:80"})
+    ipsets.add_set(ipset_specs.IPVS_IPS, members={"10.96.0.50"})
     node = NodeFacts(name="node-1", node_ips=(NODE_IP, BRIDGE), primary_ip=NODE_IP)
     dp = Dataplane(node, backends, tmp_path / "state.json")
 
     result = dp.reconcile()
 
     assert not result.errors and not result.failed
-    assert set(ipvs.services_) == {vs.key for vs in someone_elses}
-    assert addresses.addresses == set()
+    assert set(ipvs.virtual_servers) == {vs.key for vs in someone_elses}
+    assert addresses.bound() == set()
     assert all(not members for members in ipsets.sets.values())
     # A set kube-proxy does not have is made only when it gets a member.
     assert set(ipsets.sets) == ipset_specs.UPSTREAM_NAMES
     assert ipvs.counters.ok == {"delete_service": 3}
     # And the next full sync, with the sets now empty, leaves the others alone as well.
     dp.reconcile()
-    assert set(ipvs.services_) == {vs.key for vs in someone_elses}
+    assert set(ipvs.virtual_servers) == {vs.key for vs in someone_elses}
