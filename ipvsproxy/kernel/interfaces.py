@@ -2,9 +2,11 @@
 interface per backend, as upstream kube-proxy's ``ipvs/util.Interface``.
 
 The real backends (ipvs.py, ipset.py, addresses.py, iptables.py, conntrack.py, sysctl.py) and
-the stateful fakes (fakes.py) both satisfy these, and nothing above the kernel layer names a
-concrete backend but ``Backends.open()``. Each interface lists exactly the methods and
-attributes used above it; a backend's other methods (its socket, its encoder) are its own.
+the stateful fakes (``kernel.fakes``) both satisfy these. The dataplane holds its backends as
+``Backends`` (backends.py), typed with these; only ``Backends.open()`` (and ``ipvsproxy
+status``, which reads IPVS and kube-ipvs0 once) builds real ones. Each interface lists exactly
+the methods and attributes used above the kernel layer; a backend's others (its socket, its
+encoder) are its own.
 
 Shared by every backend that writes:
 

@@ -64,7 +64,7 @@ class Outcome(NamedTuple):
 
 class Channel(Protocol):
     """What a backend asks of its netlink socket: ``NetlinkSocket`` on a kernel, or a stand-in
-    that answers each request as a fake kernel would (``kernel.fake_netlink``)."""
+    that answers each request as a fake kernel would (``kernel.fakes.codec``)."""
 
     sends: int  # system calls that carried requests
     receives: int  # system calls that read replies
