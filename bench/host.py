@@ -2,12 +2,13 @@
 
 ``python -m bench.host [--services N] [--endpoints E] [--json]``
 
-The real ``Dataplane`` runs its real ``sync()`` with the real IPVS, ipset and address backends,
-whose netlink socket is replaced by one that sends nothing (``HostSocket``): every request is
-encoded by the backends as for the kernel, counted, and taken as accepted. The kernel they stand
-for holds exactly what was written (a real server read back to drain is what was recorded), the
-iptables rules are rendered but not restored, and the state file is written to a temporary
-folder. The garbage collector is handled as the daemon handles it (``gcpolicy``).
+The real ``Dataplane`` runs its real ``sync()`` with the real IPVS, ipset and address backends
+over the fake kernel (``ipvsproxy.kernel.fakes.codec``): every request is encoded by the
+backends as for the kernel, counted, and answered by the fakes' tables, which hold what was
+written (a real server read back to drain is one of them); the time the fakes take to answer is
+the kernel's work and is not counted. The iptables rules are rendered and restored into the
+fake, and the state file is written to a temporary folder. The garbage collector is handled as
+the daemon handles it (``gcpolicy``).
 
 1. Cold sync of the synthetic cluster (``bench.synthetic``), as the daemon's first sync does
    it: every Service planned (``update_service``), then the first ``sync()`` (a reconcile of
@@ -32,26 +33,30 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from bench import synthetic
 from ipvsproxy.core import ipset_specs
 from ipvsproxy.core import ruleset as rules
+from ipvsproxy.core.diff import AddressOp, DestOp, MemberOp, ServiceOp
 from ipvsproxy.core.plan import NodeFacts
-from ipvsproxy.core.ruleset import Jump
-from ipvsproxy.core.virtual_servers import DestKey, Seen, ServiceKey
-from ipvsproxy.dataplane.dataplane import Backends, Dataplane, SyncResult
-from ipvsproxy.kernel.addresses import Addresses
-from ipvsproxy.kernel.errors import Counters
-from ipvsproxy.kernel.ipset import IPSets
-from ipvsproxy.kernel.iptables import Observed
-from ipvsproxy.kernel.ipvs import IPVS
-from ipvsproxy.kernel.netlink import codec
+from ipvsproxy.dataplane.dataplane import Dataplane, SyncResult
+from ipvsproxy.dataplane.statefile import State, StateFile
+from ipvsproxy.kernel.addresses import DUMMY_DEVICE
+from ipvsproxy.kernel.fakes import FakeAddresses, FakeConntrack, FakeIPSets, FakeIPTables, wire
+from ipvsproxy.kernel.fakes.codec import (
+    CodecAddresses,
+    CodecBackends,
+    CodecIPSets,
+    CodecIPVS,
+    FakeChannel,
+)
+from ipvsproxy.kernel.fakes.sysctls import FRESH_NODE, FakeSysctls
 from ipvsproxy.kernel.netlink.sock import Outcome
-from ipvsproxy.kernel.sysctl import Sysctls, required
+from ipvsproxy.kernel.sysctl import required
 from ipvsproxy.process import gc_tuning as gcpolicy
 
 NODE_IP = "192.168.56.11"
@@ -62,178 +67,144 @@ NODE = NodeFacts(
     primary_ip=NODE_IP,
 )
 RULES = rules.RulesConfig(cluster_cidr="10.244.0.0/16")
-IPVS_FAMILY_ID = 0x1C  # any generic netlink family id: nothing is sent
-DUMMY_IFINDEX = 1000
 COLD_RUNS = 3
 CHANGE_RUNS = 101
 CHANGE_TARGET_US = 1000.0
 PER_REAL_SERVER_TARGET_US = 10.0
-# plan: update_service; encode: the backends' apply (encode, outcomes, counters); save: the
-# state file; sync: the rest of sync() (read back, diff, record, rules); gc: the collector's
-# pass after a full sync.
+# plan: update_service; encode: the backends' apply (encode, outcomes, counters; not the fake
+# kernel's answers); save: the state file; sync: the rest of sync() (read back, diff, record,
+# rules); gc: the collector's pass after a full sync.
 PHASES = ("plan", "sync", "encode", "save", "gc")
 
 
-class HostSocket:
-    """A netlink socket that sends nothing: requests are counted, all accepted; dumps empty."""
+class HostChannel(FakeChannel):
+    """The fake kernel's channel, its answering timed apart (``seconds["kernel"]``): that is
+    the kernel's work, not ipvsproxy's."""
 
-    def __init__(self) -> None:
-        self.seq = 0
-        self.requests = 0
-        self.bytes = 0
-        self.sends = 0
-
-    def next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
+    def __init__(self, seconds: dict[str, float]) -> None:
+        super().__init__()
+        self.seconds = seconds
 
     def execute(self, requests: Sequence[tuple[int, bytes]]) -> list[Outcome]:
-        self.requests += len(requests)
-        self.bytes += sum(len(msg) for _, msg in requests)
-        self.sends += 1
-        return [Outcome(seq, 0) for seq, _ in requests]
-
-    def dump(self, request: bytes, seq: int) -> Iterator[codec.Message]:
-        return iter(())
-
-    def close(self) -> None:
-        pass
+        self.count(requests)
+        answer = self.answer
+        start = time.perf_counter()
+        errnos = [answer(i) for i in range(len(requests))]
+        self.seconds["kernel"] += time.perf_counter() - start
+        return [Outcome(seq, e) for (seq, _), e in zip(requests, errnos, strict=True)]
 
 
-class HostIPVS(IPVS):
-    """Real servers read back (to drain) are what was recorded as written."""
-
-    def __init__(self, sock: Any) -> None:
-        super().__init__(sock, IPVS_FAMILY_ID)
-        self.dataplane: Dataplane | None = None
-        self.reads = 0
-
-    def dests(self, key: ServiceKey) -> dict[DestKey, Seen]:
-        self.reads += 1
-        assert self.dataplane is not None and self.dataplane.observed is not None
-        return dict(self.dataplane.observed.dests.get(key, {}))
+def _timed(seconds: dict[str, float], phase: str, start: float) -> None:
+    seconds[phase] += time.perf_counter() - start
 
 
-class HostIPSets(IPSets):
-    """Every set exists, empty (their creation is not the hot path)."""
+class HostIPVS(CodecIPVS):
+    """Its apply timed as the "encode" phase."""
 
-    def each_part(self) -> Iterator[tuple[str, list[str]]]:
-        return ((name, []) for name in ipset_specs.NAMES)
+    def __init__(self, channel: HostChannel) -> None:
+        super().__init__(channel=channel)
+        self.seconds = channel.seconds
 
-
-class HostAddresses(Addresses):
-    def ensure_device(self) -> int:
-        return DUMMY_IFINDEX
-
-    def device_index(self) -> int | None:
-        return DUMMY_IFINDEX
-
-
-class HostIPTables:
-    """Rules rendered by the dataplane; no iptables-restore here."""
-
-    def __init__(self) -> None:
-        self.counters = Counters()
-        self.restore_failures = 0
-
-    def read(self) -> Observed:
-        return Observed("", ())
-
-    def missing_jumps_checked(self) -> tuple[Jump, ...]:
-        return ()
-
-    def apply(self, text: str, missing_jumps: Sequence[Jump] = ()) -> None:
-        self.counters.count("restore", True)
-
-
-class _NoConntrack:
-    """Conntrack entries of deleted UDP real servers are not flushed here (that is I/O)."""
-
-    counters = Counters()
-
-    def flush_stale(
-        self, service: ServiceKey, live: Collection[str], gone: Collection[str] = ()
-    ) -> int:
-        return 0
-
-    def close(self) -> None:
-        pass
-
-
-T = TypeVar("T")
-
-
-class Timed:
-    """Wraps a callable; adds the seconds it took to ``seconds[phase]``."""
-
-    def __init__(self, fn: Callable[..., T], seconds: dict[str, float], phase: str) -> None:
-        self.fn, self.seconds, self.phase = fn, seconds, phase
-
-    def __call__(self, *args: Any) -> Any:
+    def apply(self, ops: Sequence[ServiceOp | DestOp]) -> int:
         start = time.perf_counter()
         try:
-            return self.fn(*args)
+            return super().apply(ops)
         finally:
-            self.seconds[self.phase] += time.perf_counter() - start
+            _timed(self.seconds, "encode", start)
+
+
+class HostIPSets(CodecIPSets):
+    """Its apply timed as the "encode" phase."""
+
+    def __init__(self, fake: FakeIPSets, channel: HostChannel) -> None:
+        super().__init__(fake, channel)
+        self.seconds = channel.seconds
+
+    def apply(self, ops: Sequence[MemberOp]) -> int:
+        start = time.perf_counter()
+        try:
+            return super().apply(ops)
+        finally:
+            _timed(self.seconds, "encode", start)
+
+
+class HostAddresses(CodecAddresses):
+    """Its apply timed as the "encode" phase."""
+
+    def __init__(self, fake: FakeAddresses, channel: HostChannel) -> None:
+        super().__init__(fake, channel)
+        self.seconds = channel.seconds
+
+    def apply(self, ops: Sequence[AddressOp]) -> int:
+        start = time.perf_counter()
+        try:
+            return super().apply(ops)
+        finally:
+            _timed(self.seconds, "encode", start)
+
+
+class HostStateFile(StateFile):
+    """Its save timed as the "save" phase."""
+
+    def __init__(self, path: Path, seconds: dict[str, float]) -> None:
+        super().__init__(path)
+        self.seconds = seconds
+
+    def save(self, state: State) -> bool:
+        start = time.perf_counter()
+        try:
+            return super().save(state)
+        finally:
+            _timed(self.seconds, "save", start)
 
 
 @dataclass
 class Host:
-    """A Dataplane over the host's stand-in backends, with its phase clock."""
+    """A Dataplane over the fake kernel behind the real codec, with its phase clock."""
 
     dp: Dataplane
-    sockets: dict[str, HostSocket]
-    ipvs: HostIPVS
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    kernel: CodecBackends
+    channels: dict[str, HostChannel]
+    seconds: dict[str, float]
 
     def messages(self) -> dict[str, int]:
-        return {name: s.requests for name, s in self.sockets.items()}
+        return {name: c.requests for name, c in self.channels.items()}
 
     def bytes(self) -> int:
-        return sum(s.bytes for s in self.sockets.values())
+        return sum(c.bytes for c in self.channels.values())
+
+    def reads(self) -> int:
+        """Virtual servers whose real servers were read back (to drain)."""
+        return self.kernel.ipvs.fake.calls["dests"]
 
     def close(self) -> None:
-        """Break the reference cycles the clock and the kernel stand-in made: frozen by the
-        collector's policy, a cycle would outlive the run."""
-        self.ipvs.dataplane = None
-        b = self.dp.backends
-        for backend in (b.ipvs, b.ipsets, b.addresses):
-            del backend.apply
-        del self.dp.statefile.save
-
-    def phase_clock(self) -> None:
-        """Time the backends' apply (encode) and the state file's save apart from the sync."""
-        b = self.dp.backends
-        for backend in (b.ipvs, b.ipsets, b.addresses):
-            backend.apply = Timed(backend.apply, self.seconds, "encode")  # type: ignore[method-assign,assignment]
-        sf = self.dp.statefile
-        sf.save = Timed(sf.save, self.seconds, "save")  # type: ignore[method-assign,assignment]
+        self.kernel.close()
 
 
 def new_host(state_dir: Path) -> Host:
-    sockets = {"ipvs": HostSocket(), "addresses": HostSocket(), "ipsets": HostSocket()}
-    sysctl_root = state_dir / "sys"
-    for name, value in required(False).items():
-        (sysctl_root / name).parent.mkdir(parents=True, exist_ok=True)
-        (sysctl_root / name).write_text(value)
-    ipvs = HostIPVS(sockets["ipvs"])
-    conntrack: Any = _NoConntrack()
-    iptables: Any = HostIPTables()
-    backends = Backends(
-        ipvs,
-        HostAddresses(sock=sockets["addresses"]),  # type: ignore[arg-type]
-        HostIPSets(sockets["ipsets"]),  # type: ignore[arg-type]
+    """A node already running: kube-ipvs0 and every set exist, the sysctls are set (their
+    creation is not the hot path)."""
+    seconds = dict.fromkeys((*PHASES, "kernel"), 0.0)
+    channels = {name: HostChannel(seconds) for name in ("ipvs", "addresses", "ipsets")}
+    ipsets, iptables = FakeIPSets(), FakeIPTables()
+    wire(ipsets, iptables)
+    for name in ipset_specs.NAMES:
+        ipsets.add_set(name)
+    addresses = FakeAddresses()
+    addresses.add_device(DUMMY_DEVICE)
+    kernel = CodecBackends(
+        HostIPVS(channels["ipvs"]),
+        HostAddresses(addresses, channels["addresses"]),
+        HostIPSets(ipsets, channels["ipsets"]),
         iptables,
-        conntrack,
-        Sysctls(sysctl_root),
+        FakeConntrack(),
+        FakeSysctls({**FRESH_NODE, **required(False)}),
     )
-    dp = Dataplane(
-        NODE, backends, state_dir / f"state-{time.monotonic_ns()}.json", rules_config=RULES
-    )
-    ipvs.dataplane = dp
-    host = Host(dp, sockets, ipvs)
-    host.phase_clock()
-    return host
+    path = state_dir / f"state-{time.monotonic_ns()}.json"
+    dp = Dataplane(NODE, kernel, path, rules_config=RULES)
+    dp.statefile = HostStateFile(path, seconds)
+    dp.state = dp.statefile.open()
+    return Host(dp, kernel, channels, seconds)
 
 
 @dataclass
@@ -259,9 +230,9 @@ class SyncWork:
 def _synced(host: Host, event: Callable[[], None]) -> SyncWork:
     """``event`` (update_service calls), then one sync, as the daemon's runner does them."""
     seconds, dp = host.seconds, host.dp
-    for phase in PHASES:
+    for phase in seconds:
         seconds[phase] = 0.0
-    messages, size, reads = host.messages(), host.bytes(), host.ipvs.reads
+    messages, size, reads = host.messages(), host.bytes(), host.reads()
     results: list[SyncResult] = []
 
     def replan_and_sync() -> SyncResult:
@@ -281,13 +252,14 @@ def _synced(host: Host, event: Callable[[], None]) -> SyncWork:
         raise RuntimeError(f"sync failed: {result.errors[:3]}")
     seconds["sync"] -= seconds["encode"] + seconds["save"]
     seconds["gc"] = total - seconds["plan"] - seconds["sync"] - seconds["encode"] - seconds["save"]
+    seconds["encode"] -= seconds["kernel"]  # the fake kernel's answers: not ipvsproxy's work
     now = host.messages()
     return SyncWork(
-        dict(seconds),
+        {phase: seconds[phase] for phase in PHASES},
         {k: now[k] - messages[k] for k in now},
         host.bytes() - size,
         result.writes,
-        host.ipvs.reads - reads,
+        host.reads() - reads,
     )
 
 

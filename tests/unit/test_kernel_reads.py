@@ -14,7 +14,6 @@ from bench import host
 from ipvsproxy.core import ipset_specs
 from ipvsproxy.dataplane.dataplane import Dataplane
 from ipvsproxy.kernel.errors import ApplyError, Rejected
-from ipvsproxy.kernel.sysctl import Sysctls
 from tests.unit.k8s_objects import service
 from tests.unit.test_containment import Boom, _good, _good2, _programmed, _update
 
@@ -97,10 +96,8 @@ def test_an_ipset_type_the_kernel_lacks_fails_only_the_services_using_it(h: host
 
 def test_an_unwritable_sysctl_is_reported_once_and_the_others_are_set(h: host.Host) -> None:
     dp = h.dp
-    assert isinstance(dp.backends.sysctls, Sysctls)
-    root = dp.backends.sysctls.root
     for name in ("net/ipv4/vs/conntrack", "net/ipv4/ip_forward"):
-        (root / name).write_text("0")
+        h.kernel.sysctls.values[name] = "0"
     ensure = dp.backends.sysctls.ensure
 
     def read_only(values: Any) -> list[str]:

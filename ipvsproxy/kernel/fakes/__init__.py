@@ -27,6 +27,8 @@ backends' own, and ``fakes.codec`` runs it over these tables.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from ipvsproxy.kernel.backends import Backends
@@ -69,8 +71,15 @@ class FakeBackends(Backends):
 
 def wire(ipsets: FakeIPSets, iptables: FakeIPTables) -> None:
     """A rule may match only a set that exists, and a set a rule matches cannot be destroyed:
-    each fake asks the other."""
-    iptables.sets = lambda: ipsets.sets.keys()
+    each fake asks the other (the rules ask through a weak reference: no reference cycle, which
+    the daemon's collector policy would keep alive)."""
+    sets = weakref.ref(ipsets)
+
+    def existing() -> Collection[str]:
+        fake = sets()
+        return fake.sets.keys() if fake is not None else ()
+
+    iptables.sets = existing
     ipsets.referenced = iptables.referenced_sets
 
 
