@@ -10,7 +10,7 @@ import argparse
 import logging
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +18,7 @@ from ipvsproxy import __version__
 
 if TYPE_CHECKING:
     from ipvsproxy.config import ProxyConfig as ProxyConfigT
+    from ipvsproxy.kernel.backends import Backends
 
 USAGE_ERROR = 2
 
@@ -48,7 +49,8 @@ def _load(command: str, argv: Sequence[str]) -> ProxyConfigT | None:
     return cfg
 
 
-def cmd_run(argv: Sequence[str]) -> int:
+def cmd_run(argv: Sequence[str], open_backends: Callable[[], Backends] | None = None) -> int:
+    """``ipvsproxy run``; ``open_backends`` replaces ``Backends.open`` (lab/faults.py)."""
     cfg = _load("run", argv)
     if cfg is None:
         return 1
@@ -59,7 +61,9 @@ def cmd_run(argv: Sequence[str]) -> int:
     logging.getLogger("ipvsproxy").debug("malloc settings: %s", applied or "unchanged")
     from ipvsproxy.daemon.wiring import run
 
-    return run(cfg)
+    if open_backends is None:
+        return run(cfg)
+    return run(cfg, open_backends)
 
 
 def cmd_cleanup(argv: Sequence[str]) -> int:

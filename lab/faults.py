@@ -1,58 +1,100 @@
-"""Start ``ipvsproxy`` with a deliberately broken dataplane, for tests of the tests.
+"""Start ``ipvsproxy run`` with a deliberately broken dataplane, for tests of the tests.
 
     python -m lab.faults NAME run --kubeconfig ... (ipvsproxy's own arguments)
 
-The fault is patched into this process before ipvsproxy's command line runs; ipvsproxy itself
-is not changed. A demo or an end-to-end test that still passes with a fault injected proves
-nothing, so each fault breaks something those checks must notice.
+The fault is a backend wrapped behind its interface (``ipvsproxy.kernel.interfaces``), handed
+to the daemon in place of ``Backends.open``; ipvsproxy itself is not changed. A demo or an
+end-to-end test that still passes with a fault injected proves nothing, so each fault breaks
+something those checks must notice.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+
+from ipvsproxy.core.diff import DestOp, OpKind, ServiceOp
+from ipvsproxy.core.virtual_servers import (
+    DestKey,
+    ObservedDest,
+    Seen,
+    ServiceKey,
+    Traffic,
+    VirtualServer,
+)
+from ipvsproxy.kernel.backends import Backends
+from ipvsproxy.kernel.interfaces import IPVSBackend
 
 FAULTS: dict[str, str] = {
     "drop-real-servers": "IPVS real servers are never programmed (virtual servers are)",
 }
 
 
-def _drop_real_servers() -> None:
-    from ipvsproxy.core.diff import DestOp, OpKind
-    from ipvsproxy.kernel import ipvs
+class DropRealServers:
+    """An IPVS backend that never adds a real server: it passes every other operation on to
+    ``ipvs`` and reports the batch as the kernel answered it."""
 
-    original: Callable[..., int] = ipvs.IPVS.apply
+    def __init__(self, ipvs: IPVSBackend) -> None:
+        self.ipvs = ipvs
+        self.counters = ipvs.counters
 
-    def apply(self: Any, ops: Sequence[Any]) -> int:
+    def apply(self, ops: Sequence[ServiceOp | DestOp]) -> int:
         kept = [op for op in ops if not (isinstance(op, DestOp) and op.kind is OpKind.ADD)]
-        return original(self, kept)
+        return self.ipvs.apply(kept)
 
-    ipvs.IPVS.apply = apply  # type: ignore[method-assign]
+    def services(self) -> dict[ServiceKey, VirtualServer]:
+        return self.ipvs.services()
+
+    def each_service(self) -> Iterator[VirtualServer]:
+        return self.ipvs.each_service()
+
+    def dests(self, key: ServiceKey) -> dict[DestKey, Seen]:
+        return self.ipvs.dests(key)
+
+    def services_with_traffic(self) -> dict[ServiceKey, tuple[VirtualServer, Traffic]]:
+        return self.ipvs.services_with_traffic()
+
+    def dests_with_traffic(self, key: ServiceKey) -> dict[DestKey, tuple[ObservedDest, Traffic]]:
+        return self.ipvs.dests_with_traffic(key)
+
+    def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
+        self.ipvs.set_timeouts(tcp, tcp_fin, udp)
+
+    def close(self) -> None:
+        self.ipvs.close()
 
 
-_INJECT: dict[str, Callable[[], None]] = {"drop-real-servers": _drop_real_servers}
+def _drop_real_servers() -> Backends:
+    b = Backends.open()
+    return Backends(
+        DropRealServers(b.ipvs), b.addresses, b.ipsets, b.iptables, b.conntrack, b.sysctls
+    )
 
 
-def inject(name: str) -> None:
-    if name not in _INJECT:
+_OPEN: dict[str, Callable[[], Backends]] = {"drop-real-servers": _drop_real_servers}
+
+
+def backends(name: str) -> Callable[[], Backends]:
+    """What the daemon opens in place of ``Backends.open`` with fault ``name``."""
+    if name not in _OPEN:
         raise ValueError(f"unknown fault {name!r}; known: {', '.join(sorted(FAULTS))}")
-    _INJECT[name]()
+    return _OPEN[name]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in FAULTS:
+    if len(args) < 2 or args[0] not in FAULTS or args[1] != "run":
         known = "\n".join(f"  {k}: {v}" for k, v in FAULTS.items())
         print(
-            f"usage: python -m lab.faults NAME IPVSPROXY-ARGS...\nfaults:\n{known}", file=sys.stderr
+            f"usage: python -m lab.faults NAME run IPVSPROXY-ARGS...\nfaults:\n{known}",
+            file=sys.stderr,
         )
         return 2
-    inject(args[0])
+    open_backends = backends(args[0])
     print(f"lab.faults: injected {args[0]}: {FAULTS[args[0]]}", file=sys.stderr, flush=True)
-    from ipvsproxy.cli import main as ipvsproxy_main
+    from ipvsproxy.cli import cmd_run
 
-    return ipvsproxy_main(args[1:])
+    return cmd_run(args[2:], open_backends)
 
 
 if __name__ == "__main__":

@@ -149,7 +149,9 @@ def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[
     ]
 
 
-def run(cfg: ProxyConfig) -> int:
+def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open) -> int:
+    """The daemon, until a signal stops it; ``open_backends`` gives the kernel backends (the
+    real ones; the lab's fault injection wraps them)."""
     for warning in cfg.warnings:
         log.warning("config: %s", warning)
     set_oom_score_adj(cfg.oom_score_adj)
@@ -159,7 +161,7 @@ def run(cfg: ProxyConfig) -> int:
     lock = _lock_state(Path(cfg.state_path))
     api = api_client(cfg)
     node_name = cfg.hostname_override or socket.gethostname()
-    backends = Backends.open()
+    backends = open_backends()
     apply_kernel_settings(cfg, backends)
     events = AddressEvents()  # before the first read, so no change falls in between
     # The node IP is provisional until the Node object is listed (wait_for_node).
