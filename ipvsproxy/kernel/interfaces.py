@@ -47,8 +47,8 @@ class IPVSBackend(Protocol):
     exists (EEXIST); changing or deleting a virtual server that does not exist, or any real
     server operation on one (ESRCH); a scheduler it does not have, changing or deleting a real
     server that does not exist (ENOENT); a real server that is not a unicast IPv4 address
-    with a port (EINVAL). Deleting a virtual server deletes its real servers. Reads return
-    what the kernel holds now: a virtual server with the flags the kernel adds
+    (EINVAL; any port is taken, 0 too). Deleting a virtual server deletes its real servers.
+    Reads return what the kernel holds now: a virtual server with the flags the kernel adds
     (``SVC_F_HASHED``) and its persistence netmask as a prefix length, a real server with its
     weight, forwarding method and connection counts.
     """
@@ -85,10 +85,11 @@ class IPSetBackend(Protocol):
     read, created and destroyed; sets of any other name are invisible here and never touched.
 
     ``apply`` takes ``MemberOp`` and the kernel refuses, with ipset's own codes above 4096
-    (``ipset_messages.ERRORS``): an entry that exists (4103), an entry its type cannot hold
-    (a /0 net: 4104; a port out of a bitmap's range: 4352), an entry to delete that is not
-    there; and a member of a set that does not exist (ENOENT). The kernel holds an entry in
-    its canonical form (a net with its prefix), which is what reads return.
+    (``ipset_messages.ERRORS``): adding an entry that is there or deleting one that is not
+    (4103), an entry its type cannot hold (a /0 net: 4104; a port out of a bitmap's range:
+    4352); and a member of a set that does not exist (ENOENT). The kernel holds an entry in
+    its canonical form (a net with its prefix, host bits cleared), which is what reads return
+    and what an operation matches.
     """
 
     counters: Counters
@@ -104,15 +105,16 @@ class IPSetBackend(Protocol):
 
     def ensure(self, existing: Collection[str], names: Iterable[str] = ipset_specs.NAMES) -> int:
         """Create the sets of ``names`` not in ``existing`` (what the caller read), at the
-        newest revision of their type; returns how many. A set that exists after all, or a
-        type the kernel lacks, raises ApplyError naming the set."""
+        newest revision of their type; returns how many. A set that exists after all (EEXIST),
+        or a type the kernel lacks (4098), raises ApplyError naming the set."""
         ...
 
     def apply(self, ops: Sequence[MemberOp]) -> int: ...
 
     def destroy(self, names: Iterable[str]) -> None:
         """Flush and destroy the sets of ``names`` that are ours (``ipvsproxy cleanup``);
-        a refusal (a set missing, or still referenced by a rule) raises ApplyError."""
+        a refusal (a set missing: ENOENT; one an iptables rule matches: 4100) raises
+        ApplyError, and the others are destroyed."""
         ...
 
     def close(self) -> None: ...
@@ -134,7 +136,8 @@ class AddressBackend(Protocol):
         ...
 
     def indexed(self) -> list[tuple[int, str]]:
-        """(interface index, address) of every address on the node, kube-ipvs0's too."""
+        """(interface index, address) of every address on the node, kube-ipvs0's too (IPv6
+        ones as well)."""
         ...
 
     def device_index(self) -> int | None:

@@ -19,8 +19,9 @@ class Device:
 
 
 class FakeAddresses(FakeBackend[AddressOp]):
-    """Network devices by name with their addresses: the loopback device at first, kube-ipvs0
-    once an address is bound (or seeded)."""
+    """Network devices by name with their IPv4 addresses (the kernel lists IPv6 ones too, which
+    the dataplane leaves aside): the loopback device at first, kube-ipvs0 once an address is
+    bound (or seeded)."""
 
     def __init__(self, device: str = DUMMY_DEVICE) -> None:
         super().__init__()

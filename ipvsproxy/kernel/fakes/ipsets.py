@@ -18,7 +18,7 @@ from ipvsproxy.kernel.netlink.ipset_messages import ERRORS as IPSET_ERRORS
 IPSET_ERR_TYPE_NOT_SUPPORTED = 4098
 IPSET_ERR_EXIST = 4103
 IPSET_ERR_INVALID_CIDR = 4104
-IPSET_ERR_REFERENCED = 4108
+IPSET_ERR_BUSY = 4100  # in use by a kernel component (an iptables rule)
 IPSET_ERR_TYPE_SPECIFIC = 4352  # e.g. a port out of a bitmap's range
 
 
@@ -150,7 +150,7 @@ class FakeIPSets(FakeBackend[MemberOp | SetOp]):
             if not code and name not in self.sets:
                 code = errno.ENOENT
             if not code and name in referenced:
-                code = IPSET_ERR_REFERENCED
+                code = IPSET_ERR_BUSY
             if code:
                 results.append(Result("set", f"destroy ipset {name}: {_ipset_why(code)}", code))
                 continue

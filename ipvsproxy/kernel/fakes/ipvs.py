@@ -28,9 +28,10 @@ SCHEDULERS = frozenset({"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "
 
 
 @lru_cache(maxsize=1 << 16)
-def unicast(address: str, port: int) -> bool:
-    """Whether the kernel takes ``address:port`` as the real server of an IPv4 virtual server
-    (inet_addr_type: unicast or local; not 0.0.0.0/8, multicast or the broadcast address)."""
+def unicast(address: str) -> bool:
+    """Whether the kernel takes ``address`` as a real server of an IPv4 virtual server
+    (inet_addr_type: unicast or local; not 0.0.0.0/8, multicast or the broadcast address).
+    Any port is taken, 0 too."""
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
@@ -40,7 +41,6 @@ def unicast(address: str, port: int) -> bool:
         and not ip.is_multicast
         and ip != ipaddress.IPv4Address("255.255.255.255")
         and ip not in ipaddress.IPv4Network("0.0.0.0/8")
-        and 0 < port < 65536
     )
 
 
@@ -164,7 +164,7 @@ class FakeIPVS(FakeBackend[ServiceOp | DestOp]):
         if op.kind is OpKind.ADD:
             if dest in have:
                 return errno.EEXIST
-            if not unicast(dest.address, dest.port):
+            if not unicast(dest.address):
                 return errno.EINVAL
         elif dest not in have:
             return errno.ENOENT
