@@ -13,10 +13,12 @@ from ipvsproxy.kernel.errors import ApplyError, Rejected
 from ipvsproxy.kernel.fakes.faults import FakeBackend
 from ipvsproxy.kernel.iptables import OURS, Observed, observe, with_jumps
 
+# The built-in chains of each table: a restore never flushes them, nothing deletes them.
 BUILT_IN = {
     "nat": ("PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"),
     "filter": ("INPUT", "FORWARD", "OUTPUT"),
 }
+# Targets that are not chains (a rule may jump to one of these or to a chain that exists).
 TARGETS = frozenset(
     {"ACCEPT", "DROP", "RETURN", "REJECT", "MARK", "MASQUERADE", "SNAT", "DNAT", "LOG"}
 )
