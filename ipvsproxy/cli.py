@@ -103,9 +103,9 @@ def cmd_cleanup(argv: Sequence[str]) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from ipvsproxy.status import command as statuscli
+    from ipvsproxy.status import command as status_command
 
-    return statuscli.run(args)
+    return status_command.run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,9 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(func=func)
         if name == "status":
-            from ipvsproxy.status import command as statuscli
+            from ipvsproxy.status import command as status_command
 
-            statuscli.add_arguments(p)
+            status_command.add_arguments(p)
     return parser
 
 

@@ -23,7 +23,7 @@ from ipvsproxy.daemon.proxy import Proxy
 from ipvsproxy.dataplane.dataplane import Backends, Dataplane
 from ipvsproxy.dataplane.statefile import StateLock
 from ipvsproxy.kernel.addresses import AddressEvents
-from ipvsproxy.kube import client as kubeapi
+from ipvsproxy.kube import client as kube_client
 from ipvsproxy.kube import slim
 from ipvsproxy.kube.events import EventRecorder
 from ipvsproxy.kube.informer import Informer
@@ -119,7 +119,7 @@ def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[
     return [
         Informer(
             "services",
-            kubeapi.Lister(api, kubeapi.SERVICES),
+            kube_client.Lister(api, kube_client.SERVICES),
             proxy.on_service,
             stop=proxy.stop,
             resource="services",
@@ -129,7 +129,7 @@ def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[
         ),
         Informer(
             "endpointslices",
-            kubeapi.Lister(api, kubeapi.ENDPOINT_SLICES),
+            kube_client.Lister(api, kube_client.ENDPOINT_SLICES),
             proxy.on_slice,
             stop=proxy.stop,
             resource="endpointslices.discovery.k8s.io",
@@ -139,7 +139,7 @@ def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[
         ),
         Informer(
             "node",
-            kubeapi.Lister(api, kubeapi.NODES),
+            kube_client.Lister(api, kube_client.NODES),
             proxy.on_node,
             stop=proxy.stop,
             resource="nodes",
@@ -188,7 +188,9 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
         if not start_server(what, start, cfg.bind_address_hard_fail, proxy.stop):
             return 1
     proxy.informers = informers(cfg, api, proxy, node_name)
-    proxy.events = EventRecorder(lambda ns, body: kubeapi.create_event(api, ns, body), node_name)
+    proxy.events = EventRecorder(
+        lambda ns, body: kube_client.create_event(api, ns, body), node_name
+    )
     proxy.health_checks.node = node_name
     for inf in proxy.informers:
         threading.Thread(target=inf.run, name=f"informer-{inf.name}", daemon=True).start()

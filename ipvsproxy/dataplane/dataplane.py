@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ipvsproxy.core import ruleset as rules
+from ipvsproxy.core import ruleset
 from ipvsproxy.core.desired import Changes, DesiredState
 from ipvsproxy.core.diff import DestOp, ServiceOp
 from ipvsproxy.core.plan import EMPTY, NodeFacts, PlanConfig, ServicePlan, plan_service
@@ -51,7 +51,7 @@ log = logging.getLogger("ipvsproxy")
 
 DEFAULT_GRACE_SECONDS = 15 * 60
 DEFAULT_PLAN_CONFIG = PlanConfig()
-DEFAULT_RULES_CONFIG = rules.RulesConfig()
+DEFAULT_RULES_CONFIG = ruleset.RulesConfig()
 
 
 @dataclass
@@ -104,7 +104,7 @@ class Dataplane:
         backends: Backends,
         state_path: Path,
         plan_config: PlanConfig = DEFAULT_PLAN_CONFIG,
-        rules_config: rules.RulesConfig = DEFAULT_RULES_CONFIG,
+        rules_config: ruleset.RulesConfig = DEFAULT_RULES_CONFIG,
         exclude_cidrs: Iterable[str] = (),
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
         clock: Callable[[], float] = time.time,
@@ -324,7 +324,7 @@ class Dataplane:
             result.errors.append(message)
 
     def _rules_text(self) -> str:
-        return rules.render(
+        return ruleset.render(
             self.rules_config, self.desired.nonempty_sets(), self.desired.out_filters()
         )
 

@@ -18,7 +18,7 @@ from kubernetes import config
 
 from ipvsproxy.config import ProxyConfig
 from ipvsproxy.daemon.wiring import informers
-from ipvsproxy.kube import client as kubeapi
+from ipvsproxy.kube import client as kube_client
 from ipvsproxy.kube.informer import Backoff, Informer
 from lab.cluster.controlplane import ControlPlane
 from tests.unit.fake_apiserver import (
@@ -80,7 +80,7 @@ def serve(stop: threading.Event) -> Iterator[Serve]:
 def informer(fake: FakeAPI, stop: threading.Event, t: FakeTime, **kw: Any) -> Informer:
     return Informer(
         "services",
-        kubeapi.Lister(fake.api_client(), kubeapi.SERVICES),
+        kube_client.Lister(fake.api_client(), kube_client.SERVICES),
         lambda *_a: None,
         stop=stop,
         resource="services",
@@ -266,7 +266,7 @@ def test_401_and_403_back_off_and_say_what_to_fix(
     new_client: Any = config.new_client_from_config
     inf = Informer(
         "services",
-        kubeapi.Lister(new_client(str(refused_kubeconfigs[code])), kubeapi.SERVICES),
+        kube_client.Lister(new_client(str(refused_kubeconfigs[code])), kube_client.SERVICES),
         lambda *_a: None,
         stop=stop,
         resource="services",
@@ -299,7 +299,7 @@ def test_a_silent_watch_is_dropped_after_the_read_timeout_and_resumed(
     fake = serve(answer, stop_when=after_watches(2))
     inf = Informer(
         "services",
-        kubeapi.Lister(fake.api_client(), kubeapi.SERVICES),
+        kube_client.Lister(fake.api_client(), kube_client.SERVICES),
         lambda *_a: None,
         stop=stop,
         read_timeout=1.5,

@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from ipvsproxy.kube import client as kubeapi
+from ipvsproxy.kube import client as kube_client
 from ipvsproxy.kube.events import EventRecorder
 
 
@@ -55,10 +55,10 @@ LIST_CALLS: list[dict[str, Any]] = [
 @pytest.mark.parametrize(
     ("path", "generated"),
     [
-        (kubeapi.SERVICES, lambda api: client.CoreV1Api(api).list_service_for_all_namespaces),
-        (kubeapi.NODES, lambda api: client.CoreV1Api(api).list_node),
+        (kube_client.SERVICES, lambda api: client.CoreV1Api(api).list_service_for_all_namespaces),
+        (kube_client.NODES, lambda api: client.CoreV1Api(api).list_node),
         (
-            kubeapi.ENDPOINT_SLICES,
+            kube_client.ENDPOINT_SLICES,
             lambda api: client.DiscoveryV1Api(api).list_endpoint_slice_for_all_namespaces,
         ),
     ],
@@ -69,7 +69,7 @@ def test_lists_and_watches_send_what_the_generated_methods_send(
     api = capturing_client()
     opts: dict[str, Any] = {"_preload_content": False, "_request_timeout": (10, 330)}
     theirs = sent(lambda: generated(api)(**kwargs, **opts))
-    ours = sent(lambda: kubeapi.Lister(api, path)(**kwargs, **opts))
+    ours = sent(lambda: kube_client.Lister(api, path)(**kwargs, **opts))
     assert ours == theirs
     (method, url, headers, *_), timeout = ours
     assert method == "GET" and url.startswith("https://api.example:6443" + path + "?")
@@ -90,7 +90,7 @@ def test_an_event_is_posted_as_the_generated_method_posts_it() -> None:
     api = capturing_client()
     body: Any = an_event()
     theirs = sent(lambda: client.EventsV1Api(api).create_namespaced_event("ns-1", body))
-    ours = sent(lambda: kubeapi.create_event(api, "ns-1", body))
+    ours = sent(lambda: kube_client.create_event(api, "ns-1", body))
     (method, url, headers, body_sent, form), _timeout = ours
     assert (method, url, headers, form) == theirs[0][:3] + theirs[0][4:]
     assert url == "https://api.example:6443/apis/events.k8s.io/v1/namespaces/ns-1/events"
@@ -105,7 +105,7 @@ def _instant(text: str) -> datetime.datetime:
 
 
 def test_unknown_parameters_and_preloading_are_refused() -> None:
-    lister = kubeapi.Lister(capturing_client(), kubeapi.SERVICES)
+    lister = kube_client.Lister(capturing_client(), kube_client.SERVICES)
     with pytest.raises(TypeError, match="pretty"):
         lister(pretty="true")
     with pytest.raises(ValueError, match="_preload_content"):
@@ -134,11 +134,11 @@ def test_a_failed_call_raises_the_clients_api_exception_and_a_good_one_is_not_re
     failed = Response(410, b'{"kind":"Status","code":410}')
     api.call_api = lambda *r, _request_timeout=None: failed
     with pytest.raises(ApiException) as exc:
-        kubeapi.Lister(api, kubeapi.SERVICES)(limit=1)
+        kube_client.Lister(api, kube_client.SERVICES)(limit=1)
     assert exc.value.status == 410 and failed.read_count == 1
     good = Response(200, b'{"items":[]}')
     api.call_api = lambda *r, _request_timeout=None: good
-    assert kubeapi.Lister(api, kubeapi.SERVICES)(limit=1) is good
+    assert kube_client.Lister(api, kube_client.SERVICES)(limit=1) is good
     assert good.read_count == 0  # the informer reads it (or streams a watch)
-    kubeapi.create_event(api, "ns", {})
+    kube_client.create_event(api, "ns", {})
     assert good.read_count == 1
