@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ import pytest
 
 from ipvsproxy.core import ipset_specs
 from ipvsproxy.core.diff import AddressOp, DestOp, MemberOp, OpKind, ServiceOp
-from ipvsproxy.core.plan import NodeFacts
 from ipvsproxy.core.ruleset import JUMPS
 from ipvsproxy.core.virtual_servers import (
     DestKey,
@@ -26,17 +24,11 @@ from ipvsproxy.core.virtual_servers import (
     ServiceKey,
     VirtualServer,
 )
-from ipvsproxy.dataplane.dataplane import Dataplane, SyncResult
+from ipvsproxy.dataplane.dataplane import SyncResult
 from ipvsproxy.kernel.fakes import FakeBackends, fake_backends
+from tests.unit.fake_node import NODE_IP, Node, node
 from tests.unit.k8s_objects import endpoint, endpoint_slice, service
 
-NODE_IP = "192.168.56.11"
-NODE = NodeFacts(
-    name="node-1",
-    node_ips=(NODE_IP,),
-    local_addresses=frozenset({NODE_IP}),
-    primary_ip=NODE_IP,
-)
 TCP, UDP = Protocol.TCP, Protocol.UDP
 WEB = ServiceKey("10.96.0.10", TCP, 80)
 DNS = ServiceKey("10.96.0.53", UDP, 53)
@@ -45,35 +37,6 @@ POD_A, POD_B, POD_C = "10.244.1.11", "10.244.2.11", "10.244.3.11"
 
 class Boom(Exception):
     """Neither an ApplyError nor an OSError: what a codec's bug or pyroute2 raise."""
-
-
-@dataclass
-class Node:
-    """A Dataplane over the fake kernel, with the clocks the tests move."""
-
-    kernel: FakeBackends
-    dp: Dataplane
-    now: list[float]  # the drain clock (time.time) and the retry clock (time.monotonic)
-
-    def sync(self) -> SyncResult:
-        return self.dp.sync()
-
-    def reconcile(self) -> SyncResult:
-        return self.dp.reconcile()
-
-
-def node(tmp_path: Path, kernel: FakeBackends | None = None, **kw: Any) -> Node:
-    kernel = kernel or fake_backends()
-    now = [1000.0]
-    dp = Dataplane(
-        NODE,
-        kernel,
-        tmp_path / "state.json",
-        clock=lambda: now[0],
-        retry_clock=lambda: now[0],
-        **kw,
-    )
-    return Node(kernel, dp, now)
 
 
 def web(*ips: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
