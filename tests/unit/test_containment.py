@@ -3,23 +3,24 @@
 An exception is injected at each backend (IPVS, addresses, ipsets, iptables, conntrack, sysctls)
 and at the planner, for the objects of one Service only: the sync returns, that Service is
 marked failed, and another Service changed in the same sync is programmed in full. Over the
-host benchmark's stand-in backends (every write accepted, what was written read back); what
-the kernel does is proven in tests/kernel/test_dataplane_containment.py.
+fake kernel (``tests.unit.fake_node``), told what to raise; what the kernel does is proven in
+tests/kernel/test_dataplane_containment.py.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import host
 from ipvsproxy.core import ipset_specs
 from ipvsproxy.core import plan as plan_module
 from ipvsproxy.dataplane.dataplane import Dataplane, SyncResult
+from ipvsproxy.kernel.fakes import FakeBackends
+from tests.unit.fake_node import Node, running_node
 from tests.unit.k8s_objects import endpoint, endpoint_slice, service
 
 BAD_IPS = ("10.96.0.20", "192.0.2.20", "192.0.2.21")
@@ -54,49 +55,32 @@ def _good2() -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return svc, [endpoint_slice("good2", [endpoint("10.244.1.21"), endpoint("10.244.2.22")])]
 
 
-def _inject_ipvs(dp: Dataplane) -> None:
-    apply = dp.backends.ipvs.apply
-
-    def raising(ops: Any) -> int:
-        if any(_mentions_bad(op) for op in ops):
-            raise struct.error("'H' format requires 0 <= number <= 65535")
-        return apply(ops)
-
-    dp.backends.ipvs.apply = raising  # type: ignore[method-assign]
+def _ops_mention_bad(ops: Any) -> bool:
+    return any(_mentions_bad(op) for op in ops)
 
 
-def _inject_addresses(dp: Dataplane) -> None:
-    apply = dp.backends.addresses.apply
-
-    def raising(ops: Any) -> int:
-        if any(_mentions_bad(op) for op in ops):
-            raise Boom("address refused")
-        return apply(ops)
-
-    dp.backends.addresses.apply = raising  # type: ignore[method-assign]
+def _inject_ipvs(kernel: FakeBackends) -> None:
+    error = struct.error("'H' format requires 0 <= number <= 65535")
+    kernel.ipvs.raise_from("apply", error, _ops_mention_bad, times=None)
 
 
-def _inject_ipsets(dp: Dataplane) -> None:
-    apply = dp.backends.ipsets.apply
-
-    def raising(ops: Any) -> int:
-        if any(_mentions_bad(op) for op in ops):
-            raise Boom("member refused")
-        return apply(ops)
-
-    dp.backends.ipsets.apply = raising  # type: ignore[method-assign]
+def _inject_addresses(kernel: FakeBackends) -> None:
+    kernel.addresses.raise_from("apply", Boom("address refused"), _ops_mention_bad, times=None)
 
 
-def _inject_conntrack(dp: Dataplane) -> None:
-    def raising(service: Any, live: Any, gone: Any = ()) -> int:
-        if _mentions_bad(service):
-            raise Boom("NetlinkError(22, 'Invalid argument')")
-        return 0
-
-    dp.backends.conntrack.flush_stale = raising  # type: ignore[method-assign]
+def _inject_ipsets(kernel: FakeBackends) -> None:
+    kernel.ipsets.raise_from("apply", Boom("member refused"), _ops_mention_bad, times=None)
 
 
-INJECT: dict[str, Callable[[Dataplane], None]] = {
+def _inject_conntrack(kernel: FakeBackends) -> None:
+    def for_bad(service: Any, live: Any, gone: Any = ()) -> bool:
+        return _mentions_bad(service)
+
+    error = Boom("NetlinkError(22, 'Invalid argument')")
+    kernel.conntrack.raise_from("flush_stale", error, for_bad, times=None)
+
+
+INJECT: dict[str, Callable[[FakeBackends], None]] = {
     "ipvs": _inject_ipvs,
     "addresses": _inject_addresses,
     "ipsets": _inject_ipsets,
@@ -105,10 +89,8 @@ INJECT: dict[str, Callable[[Dataplane], None]] = {
 
 
 @pytest.fixture
-def h(tmp_path: Path) -> Iterator[host.Host]:
-    h = host.new_host(tmp_path)
-    yield h
-    h.close()
+def h(tmp_path: Path) -> Node:
+    return running_node(tmp_path)
 
 
 def _programmed(dp: Dataplane, service: str) -> None:
@@ -131,13 +113,13 @@ def _update(dp: Dataplane, name: str, obj: tuple[dict[str, Any], list[dict[str, 
 
 @pytest.mark.parametrize("backend", sorted(INJECT))
 def test_an_exception_in_a_backend_fails_only_its_service_in_an_incremental_sync(
-    h: host.Host, backend: str
+    h: Node, backend: str
 ) -> None:
     dp = h.dp
     _update(dp, "good", _good())
     _update(dp, "bad", _bad(["10.244.1.31", "10.244.2.32"], []))
     assert dp.sync().errors == []
-    INJECT[backend](dp)
+    INJECT[backend](h.kernel)
     # One sync: bad loses an endpoint (a UDP real server: its conntrack entries go) and gains
     # external IPs; good2 arrives.
     _update(dp, "bad", _bad(["10.244.1.31"], list(BAD_IPS[1:])))
@@ -156,10 +138,10 @@ def test_an_exception_in_a_backend_fails_only_its_service_in_an_incremental_sync
 
 @pytest.mark.parametrize("backend", ["ipvs", "addresses", "ipsets"])
 def test_an_exception_in_a_backend_fails_only_its_service_in_the_first_sync(
-    h: host.Host, backend: str
+    h: Node, backend: str
 ) -> None:
     dp = h.dp
-    INJECT[backend](dp)
+    INJECT[backend](h.kernel)
     _update(dp, "good", _good())
     _update(dp, "bad", _bad(["10.244.1.31"], list(BAD_IPS[1:])))
     _update(dp, "good2", _good2())
@@ -170,13 +152,9 @@ def test_an_exception_in_a_backend_fails_only_its_service_in_the_first_sync(
     _programmed(dp, "default/good2")
 
 
-def test_an_exception_from_iptables_does_not_stop_the_rest(h: host.Host) -> None:
+def test_an_exception_from_iptables_does_not_stop_the_rest(h: Node) -> None:
     dp = h.dp
-
-    def raising(text: str, missing: Any = ()) -> None:
-        raise Boom("iptables-restore: no such file")
-
-    dp.backends.iptables.apply = raising  # type: ignore[method-assign,assignment]
+    h.kernel.iptables.raise_from("apply", Boom("iptables-restore: no such file"), times=None)
     _update(dp, "good", _good())
     _update(dp, "good2", _good2())
     result = dp.sync()
@@ -186,13 +164,10 @@ def test_an_exception_from_iptables_does_not_stop_the_rest(h: host.Host) -> None
     _programmed(dp, "default/good2")
 
 
-def test_an_unwritable_sysctl_does_not_stop_programming(h: host.Host) -> None:
+def test_an_unwritable_sysctl_does_not_stop_programming(h: Node) -> None:
     dp = h.dp
-
-    def raising(values: Any) -> list[str]:
-        raise PermissionError(13, "Permission denied", "/proc/sys/net/ipv4/vs/conntrack")
-
-    dp.backends.sysctls.ensure = raising  # type: ignore[method-assign]
+    error = PermissionError(13, "Permission denied", "/proc/sys/net/ipv4/vs/conntrack")
+    h.kernel.sysctls.raise_from("ensure", error, times=None)
     _update(dp, "good", _good())
     result = dp.sync()
     assert result.complete
@@ -200,7 +175,7 @@ def test_an_unwritable_sysctl_does_not_stop_programming(h: host.Host) -> None:
 
 
 def test_an_exception_in_the_planner_fails_only_its_service(
-    h: host.Host, monkeypatch: pytest.MonkeyPatch
+    h: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dp = h.dp
     plan = plan_module.plan_service
@@ -247,10 +222,10 @@ def _metric(proxy: Any, name: str) -> float | None:
 
 
 def test_the_daemon_reports_a_failed_service_with_an_event_a_metric_and_status(
-    h: host.Host,
+    h: Node,
 ) -> None:
     proxy = _proxy(h.dp)
-    INJECT["ipvs"](h.dp)
+    INJECT["ipvs"](h.kernel)
     for name, (svc, slices) in (("good", _good()), ("bad", _bad(["10.244.1.31"], []))):
         proxy.on_service(f"default/{name}", None, svc)
         for sl in slices:
@@ -264,7 +239,7 @@ def test_the_daemon_reports_a_failed_service_with_an_event_a_metric_and_status(
     _programmed(h.dp, "default/good")
 
 
-def test_the_sync_runner_goes_on_after_a_sync_raised(h: host.Host) -> None:
+def test_the_sync_runner_goes_on_after_a_sync_raised(h: Node) -> None:
     import threading
 
     proxy = _proxy(h.dp, "--ipvs-sync-period", "1h", "--ipvs-min-sync-period", "0")
@@ -288,7 +263,7 @@ def test_the_sync_runner_goes_on_after_a_sync_raised(h: host.Host) -> None:
     assert _metric(proxy, "ipvsproxy_sync_errors_total") == 1.0
 
 
-def test_an_exception_while_one_service_is_replanned_leaves_the_others(h: host.Host) -> None:
+def test_an_exception_while_one_service_is_replanned_leaves_the_others(h: Node) -> None:
     """Whatever raises while the dataplane takes in one Service's update (past the planner:
     the desired state's bookkeeping) is that Service's error; the others are planned and
     programmed in the same sync."""
@@ -313,7 +288,7 @@ def test_an_exception_while_one_service_is_replanned_leaves_the_others(h: host.H
 
 
 def test_a_failed_conntrack_cleanup_is_done_again_when_its_service_is_retried(
-    h: host.Host,
+    h: Node,
 ) -> None:
     """A UDP Service's stale conntrack entries whose deletion failed (a transient netlink
     error) are deleted by the Service's retry: a retry that only re-compares its virtual
@@ -323,20 +298,16 @@ def test_a_failed_conntrack_cleanup_is_done_again_when_its_service_is_retried(
     dp.failures.clock = lambda: now[0]
     _update(dp, "bad", _bad(["10.244.1.31", "10.244.2.32"], []))
     assert dp.sync().errors == []
-    calls: list[tuple[str, frozenset[str], frozenset[str]]] = []
-
-    def flaky(service: Any, live: Any, gone: Any = ()) -> int:
-        calls.append((str(service), frozenset(live), frozenset(gone)))
-        if len(calls) == 1:
-            raise Boom("NetlinkError(105, 'No buffer space available')")
-        return 1
-
-    dp.backends.conntrack.flush_stale = flaky  # type: ignore[method-assign]
+    conntrack = h.kernel.conntrack
+    calls, flushes = conntrack.calls["flush_stale"], len(conntrack.flushes)
+    error = Boom("NetlinkError(105, 'No buffer space available')")
+    conntrack.raise_from("flush_stale", error)  # the next call only
     _update(dp, "bad", _bad([], []))  # its last endpoints go: their flows with them
     dp.sync()
     assert set(dp.failed) == {"default/bad"}
     now[0] += 1.0  # its retry is due
     dp.sync()
-    assert len(calls) == 2, calls
-    assert calls[1][1:] == (frozenset(), frozenset({"10.244.1.31", "10.244.2.32"}))
+    assert conntrack.calls["flush_stale"] - calls == 2, conntrack.flushes
+    (retried,) = conntrack.flushes[flushes:]  # the first raised before it flushed
+    assert retried[1:] == (frozenset(), frozenset({"10.244.1.31", "10.244.2.32"}))
     assert dp.failed == {}

@@ -4,28 +4,26 @@ Upstream: healthy while starting (the sync loop marks itself updated when it sta
 nothing is queued before the initial lists are done); a change queues an update unless one is
 queued already; every sync that runs to its end marks the proxier updated and clears the queue,
 per-object failures included (only iptables-restore failing stops a sync short of it); unhealthy
-once the oldest queued update is older than the timeout. Over the host benchmark's stand-in
-backends; a refused operation is reported (Event, metric, status), not node ill-health.
+once the oldest queued update is older than the timeout. Over the fake kernel
+(``tests.unit.fake_node``); a refused operation is reported (Event, metric, status), not node
+ill-health.
 """
 
 from __future__ import annotations
 
-import errno
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import host
 from ipvsproxy.config import build
 from ipvsproxy.daemon.proxy import Proxy
 from ipvsproxy.dataplane.dataplane import SyncResult
-from ipvsproxy.kernel.errors import ApplyError, Rejected
 from ipvsproxy.servers.healthz import HealthState
 from ipvsproxy.servers.metrics import Metrics
+from tests.unit.fake_node import Node, refuse_ipvs, running_node
 from tests.unit.k8s_objects import endpoint, endpoint_slice, service
 from tests.unit.test_containment import Boom, Recorder
 
@@ -43,13 +41,11 @@ class Synced:
 
 
 @pytest.fixture
-def h(tmp_path: Path) -> Iterator[host.Host]:
-    h = host.new_host(tmp_path)
-    yield h
-    h.close()
+def h(tmp_path: Path) -> Node:
+    return running_node(tmp_path)
 
 
-def _proxy(h: host.Host) -> Any:
+def _proxy(h: Node) -> Any:
     proxy: Any = Proxy(build(None, []), h.dp, Metrics())
     proxy.events = Recorder()
     proxy.informers = [Synced("services"), Synced("endpointslices")]
@@ -74,7 +70,7 @@ def test_healthy_while_starting_as_upstream() -> None:
     assert state.status(node_check=False, now=time.time() + 10 * TIMEOUT)[0] == 200
 
 
-def test_changes_before_the_initial_lists_are_done_queue_nothing(h: host.Host) -> None:
+def test_changes_before_the_initial_lists_are_done_queue_nothing(h: Node) -> None:
     proxy = _proxy(h)
     proxy.informers = [Synced("services", done=False), Synced("endpointslices")]
     _add(proxy, "web", "10.96.0.10")
@@ -85,7 +81,7 @@ def test_changes_before_the_initial_lists_are_done_queue_nothing(h: host.Host) -
     assert _code(proxy, TIMEOUT + 1) == 503
 
 
-def test_the_runner_marks_the_proxy_updated_when_it_starts(h: host.Host) -> None:
+def test_the_runner_marks_the_proxy_updated_when_it_starts(h: Node) -> None:
     proxy = _proxy(h)
     proxy.informers = [Synced("services", done=False), Synced("endpointslices")]
     runner = threading.Thread(target=proxy.run, daemon=True)
@@ -100,24 +96,9 @@ def test_the_runner_marks_the_proxy_updated_when_it_starts(h: host.Host) -> None
         runner.join(timeout=10)
 
 
-def _refuse(h: host.Host, address: str) -> None:
-    """The kernel refuses every IPVS operation on ``address``; the rest of a batch applies."""
-    apply = h.dp.backends.ipvs.apply
-
-    def refusing(ops: Any) -> int:
-        bad = [i for i, op in enumerate(ops) if address in str(op)]
-        applied = apply([op for i, op in enumerate(ops) if i not in bad])
-        if bad:
-            rejected = [Rejected(str(ops[i]), errno.EINVAL) for i in bad]
-            raise ApplyError(rejected, applied, frozenset(bad))
-        return applied
-
-    h.dp.backends.ipvs.apply = refusing  # type: ignore[method-assign]
-
-
-def test_a_sync_with_a_refused_operation_keeps_the_proxy_healthy(h: host.Host) -> None:
+def test_a_sync_with_a_refused_operation_keeps_the_proxy_healthy(h: Node) -> None:
     proxy = _proxy(h)
-    _refuse(h, "10.96.0.20")
+    refuse_ipvs(h.kernel, "10.96.0.20")
     _add(proxy, "good", "10.96.0.10")
     proxy.on_service("default/bad", None, service("bad", "10.96.0.20"))
     result = proxy.apply_changes()
@@ -130,7 +111,7 @@ def test_a_sync_with_a_refused_operation_keeps_the_proxy_healthy(h: host.Host) -
     assert proxy.last_sync is not None
 
 
-def test_a_change_queued_during_a_sync_is_cleared_by_its_end_as_upstream(h: host.Host) -> None:
+def test_a_change_queued_during_a_sync_is_cleared_by_its_end_as_upstream(h: Node) -> None:
     proxy = _proxy(h)
     _add(proxy, "web", "10.96.0.10")
     sync = h.dp.sync
@@ -145,14 +126,11 @@ def test_a_change_queued_during_a_sync_is_cleared_by_its_end_as_upstream(h: host
     assert _code(proxy, TIMEOUT + 1) == 200
 
 
-def test_rules_that_cannot_be_written_turn_unhealthy_after_the_timeout(h: host.Host) -> None:
+def test_rules_that_cannot_be_written_turn_unhealthy_after_the_timeout(h: Node) -> None:
     """As upstream's failed iptables-restore: that sync does not mark the proxier updated."""
     proxy = _proxy(h)
-
-    def raising(text: str, missing: Any = ()) -> None:
-        raise Boom("iptables-restore: Resource temporarily unavailable")
-
-    h.dp.backends.iptables.apply = raising  # type: ignore[method-assign,assignment]
+    error = Boom("iptables-restore: Resource temporarily unavailable")
+    h.kernel.iptables.raise_from("apply", error, times=None)
     _add(proxy, "web", "10.96.0.10")
     result = proxy.apply_changes()
     assert not result.complete

@@ -1,32 +1,29 @@
 """A refused operation is retried on its own, with its own backoff, and unrelated changes keep
-applying at the usual pace: no full reconcile, no global backoff (issue 13 A3). Over the host
-benchmark's stand-in backends; tests/kernel/test_dataplane_containment.py shows it in the
+applying at the usual pace: no full reconcile, no global backoff (issue 13 A3). Over the fake
+kernel (``tests.unit.fake_node``); tests/kernel/test_dataplane_containment.py shows it in the
 kernel with real traffic."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from bench import host
 from ipvsproxy.core.desired import Changes
 from ipvsproxy.core.virtual_servers import Protocol, ServiceKey
 from ipvsproxy.dataplane.dataplane import SyncResult
 from ipvsproxy.dataplane.retries import Failures
+from tests.unit.fake_node import Node, refuse_ipvs, running_node
 from tests.unit.k8s_objects import endpoint, endpoint_slice, service
 from tests.unit.test_containment import _proxy
-from tests.unit.test_proxy_health import _refuse
 
 
 @pytest.fixture
-def h(tmp_path: Path) -> Iterator[host.Host]:
-    h = host.new_host(tmp_path)
-    yield h
-    h.close()
+def h(tmp_path: Path) -> Node:
+    return running_node(tmp_path)
 
 
 def test_each_failed_service_backs_off_from_1_s_doubling_to_30_s_and_clears_on_success() -> None:
@@ -57,10 +54,10 @@ def _wait(check: Callable[[], bool], what: str) -> None:
         time.sleep(0.02)
 
 
-def test_a_refused_operation_does_not_hold_up_other_changes(h: host.Host) -> None:
+def test_a_refused_operation_does_not_hold_up_other_changes(h: Node) -> None:
     proxy = _proxy(h.dp, "--ipvs-sync-period", "1h", "--ipvs-min-sync-period", "0")
     proxy.informers = []
-    _refuse(h, "10.96.0.20")
+    refuse_ipvs(h.kernel, "10.96.0.20")
     results: list[SyncResult] = []
     sync, reconcile = h.dp.sync, h.dp.reconcile
 
