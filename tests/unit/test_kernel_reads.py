@@ -1,32 +1,31 @@
 """One failing kernel read or one unwritable sysctl does not stop the rest of a full sync
 (issue 13 A4): iptables-save failing, an IPVS, address or ipset dump failing, an ipset type the
-kernel lacks. Over the host benchmark's stand-in backends (every write accepted)."""
+kernel lacks. Over the fake kernel (``tests.unit.fake_node``), told which reads fail."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import host
 from ipvsproxy.core import ipset_specs
+from ipvsproxy.core.diff import OpKind
 from ipvsproxy.dataplane.dataplane import Dataplane
-from ipvsproxy.kernel.errors import ApplyError, Rejected
+from ipvsproxy.kernel.fakes import FakeBackend, SetOp
+from ipvsproxy.kernel.fakes.ipsets import IPSET_ERR_TYPE_NOT_SUPPORTED
+from tests.unit.fake_node import Node, refuse_ipvs, running_node
 from tests.unit.k8s_objects import service
 from tests.unit.test_containment import Boom, _good, _good2, _programmed, _update
 
 
 @pytest.fixture
-def h(tmp_path: Path) -> Iterator[host.Host]:
-    h = host.new_host(tmp_path)
-    yield h
-    h.close()
+def h(tmp_path: Path) -> Node:
+    return running_node(tmp_path)
 
 
-def _raise(*_args: Any) -> Any:
-    raise Boom("read failed")
+def _read_failed() -> Boom:
+    return Boom("read failed")
 
 
 READS = {
@@ -44,11 +43,11 @@ def _ipvs_programmed(dp: Dataplane, service: str) -> bool:
 
 
 @pytest.mark.parametrize("part", sorted(READS))
-def test_a_failing_read_of_one_backend_does_not_stop_the_others(h: host.Host, part: str) -> None:
+def test_a_failing_read_of_one_backend_does_not_stop_the_others(h: Node, part: str) -> None:
     dp = h.dp
     backend, method = READS[part]
-    real = getattr(getattr(dp.backends, backend), method)
-    setattr(getattr(dp.backends, backend), method, _raise)
+    fake: FakeBackend[Any] = getattr(h.kernel, backend)
+    failing = fake.raise_from(method, _read_failed(), times=None)
     _update(dp, "good", _good())
     _update(dp, "good2", _good2())
     restores = dp.backends.iptables.counters.ok.get("restore", 0)
@@ -66,26 +65,19 @@ def test_a_failing_read_of_one_backend_does_not_stop_the_others(h: host.Host, pa
             assert set(entries) <= obs.members.get(name, set()), name
     assert dp.backends.iptables.counters.ok.get("restore", 0) == restores + 1  # the rules written
     # The read works again: the next sync reconciles what was left.
-    setattr(getattr(dp.backends, backend), method, real)
+    fake.raisings.remove(failing)
     assert dp.sync().errors == []
     _programmed(dp, "default/good")
     _programmed(dp, "default/good2")
 
 
-def test_an_ipset_type_the_kernel_lacks_fails_only_the_services_using_it(h: host.Host) -> None:
+def test_an_ipset_type_the_kernel_lacks_fails_only_the_services_using_it(h: Node) -> None:
     dp = h.dp
-    ensure = dp.backends.ipsets.ensure
     missing = ipset_specs.NODE_PORT_TCP
-
-    def no_such_type(existing: Any, names: Any = ipset_specs.NAMES) -> int:
-        names = sorted(names)
-        if missing in names and missing not in existing:
-            raise ApplyError([Rejected(f"create ipset {missing}: no such set type", 4099)], 0)
-        return ensure(existing, names)
-
-    dp.backends.ipsets.ensure = no_such_type  # type: ignore[method-assign]
-    parts = dp.backends.ipsets.each_part
-    dp.backends.ipsets.each_part = lambda: ((n, m) for n, m in parts() if n != missing)  # type: ignore[method-assign]
+    ipsets = h.kernel.ipsets
+    del ipsets.sets[missing], ipsets.types[missing]
+    create = SetOp(OpKind.ADD, missing)
+    ipsets.refuse(IPSET_ERR_TYPE_NOT_SUPPORTED, lambda op: op == create, times=None)
     _update(dp, "good", _good())
     _update(dp, "good2", _good2())  # a NodePort: a member of the missing set
     result = dp.sync()
@@ -94,18 +86,16 @@ def test_an_ipset_type_the_kernel_lacks_fails_only_the_services_using_it(h: host
     assert _ipvs_programmed(dp, "default/good2")
 
 
-def test_an_unwritable_sysctl_is_reported_once_and_the_others_are_set(h: host.Host) -> None:
+def test_an_unwritable_sysctl_is_reported_once_and_the_others_are_set(h: Node) -> None:
     dp = h.dp
     for name in ("net/ipv4/vs/conntrack", "net/ipv4/ip_forward"):
         h.kernel.sysctls.values[name] = "0"
-    ensure = dp.backends.sysctls.ensure
-
-    def read_only(values: Any) -> list[str]:
-        if "net/ipv4/vs/conntrack" in values:
-            raise PermissionError(13, "Permission denied")
-        return ensure(values)
-
-    dp.backends.sysctls.ensure = read_only  # type: ignore[method-assign]
+    h.kernel.sysctls.raise_from(
+        "ensure",
+        PermissionError(13, "Permission denied"),
+        lambda values: "net/ipv4/vs/conntrack" in values,
+        times=None,
+    )
     _update(dp, "good", _good())
     result = dp.sync()
     assert result.sysctls_set == ["net/ipv4/ip_forward"]
@@ -117,11 +107,11 @@ def test_an_unwritable_sysctl_is_reported_once_and_the_others_are_set(h: host.Ho
     assert dp.reconcile().errors == []  # reported once
 
 
-def test_the_daemon_counts_kernel_problems_in_a_metric(h: host.Host) -> None:
+def test_the_daemon_counts_kernel_problems_in_a_metric(h: Node) -> None:
     from tests.unit.test_containment import _proxy
 
     proxy = _proxy(h.dp)
-    h.dp.backends.iptables.read = _raise  # type: ignore[method-assign]
+    h.kernel.iptables.raise_from("read", _read_failed(), times=None)
     proxy.on_service("default/good", None, _good()[0])
     result = proxy.apply_changes()
     assert result.complete  # the rules were written all the same
@@ -130,41 +120,36 @@ def test_the_daemon_counts_kernel_problems_in_a_metric(h: host.Host) -> None:
 
 
 def test_a_failed_service_stays_failed_while_its_part_of_the_kernel_cannot_be_read(
-    h: host.Host,
+    h: Node,
 ) -> None:
-    from tests.unit.test_proxy_health import _refuse
-
     dp = h.dp
-    _refuse(h, "10.96.0.20")
+    refuse_ipvs(h.kernel, "10.96.0.20")
     dp.update_service("default/bad", service("bad", "10.96.0.20"), [])
     dp.sync()
     assert list(dp.failed) == ["default/bad"]
-    each_service = dp.backends.ipvs.each_service
-    dp.backends.ipvs.each_service = _raise  # type: ignore[method-assign]
+    unread = h.kernel.ipvs.raise_from("each_service", _read_failed(), times=None)
     dp.reconcile()  # IPVS unread: bad was not tried
     assert list(dp.failed) == ["default/bad"]
-    dp.backends.ipvs.each_service = each_service  # type: ignore[method-assign]
+    h.kernel.ipvs.raisings.remove(unread)
     dp.reconcile()  # tried, refused again
     assert list(dp.failed) == ["default/bad"] and dp.failed["default/bad"].attempts == 2
 
 
 def test_a_failed_service_not_tried_for_an_unread_part_is_not_due_at_once_again(
-    h: host.Host,
+    h: Node,
 ) -> None:
     """A failed Service that a sync could not try (its part of the kernel unread) backs off
     as if it failed again: else its retry stays due, and the runner (which syncs whenever a
     retry is due, every sync a full one while a part is unread) reads the whole kernel back
     every minSyncPeriod (0 by default from a config file) for as long as the read fails."""
-    from tests.unit.test_proxy_health import _refuse
-
     dp = h.dp
     now = [1000.0]
     dp.failures.clock = lambda: now[0]
-    _refuse(h, "10.96.0.20")
+    refuse_ipvs(h.kernel, "10.96.0.20")
     dp.update_service("default/bad", service("bad", "10.96.0.20"), [])
     dp.sync()
     assert list(dp.failed) == ["default/bad"]
-    dp.backends.ipvs.each_service = _raise  # type: ignore[method-assign]
+    h.kernel.ipvs.raise_from("each_service", _read_failed(), times=None)
     for _ in range(3):
         retry = dp.next_retry()
         assert retry is not None
