@@ -1,1 +1,2 @@
-"""Benchmarks of ipvsproxy: a synthetic cluster generator and host-side (no kernel) measurements."""
+"""Benchmarks of ipvsproxy: host-side (no kernel) and kernel-lab measurements of a synthetic cluster
+(``lab.cluster.synthetic``)."""

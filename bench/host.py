@@ -10,7 +10,7 @@ the kernel's work and is not counted. The iptables rules are rendered and restor
 fake, and the state file is written to a temporary folder. The garbage collector is handled as
 the daemon handles it (``gcpolicy``).
 
-1. Cold sync of the synthetic cluster (``bench.synthetic``), as the daemon's first sync does
+1. Cold sync of the synthetic cluster (``lab.cluster.synthetic``), as the daemon's first sync does
    it: every Service planned (``update_service``), then the first ``sync()`` (a reconcile of
    an empty kernel: diff everything, encode every message, record, render the rules, save the
    state file), then the collector's one pass after a full sync. Median of 3 runs. Figures:
@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import synthetic
 from ipvsproxy.core import ipset_specs
 from ipvsproxy.core import ruleset as rules
 from ipvsproxy.core.diff import AddressOp, DestOp, MemberOp, ServiceOp
@@ -58,6 +57,7 @@ from ipvsproxy.kernel.fakes.sysctls import FRESH_NODE, FakeSysctls
 from ipvsproxy.kernel.netlink.sock import Outcome
 from ipvsproxy.kernel.sysctl import required
 from ipvsproxy.process import gc_tuning as gcpolicy
+from lab.cluster import synthetic
 
 NODE_IP = "192.168.56.11"
 NODE = NodeFacts(

@@ -32,8 +32,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench import memory, synthetic
+from bench import memory
 from ipvsproxy.dataplane.dataplane import Dataplane, SyncResult
+from lab.cluster import synthetic
 from lab.net.node_dataplane import NodeDataplane
 from lab.net.topology import Node
 

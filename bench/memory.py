@@ -2,7 +2,7 @@
 
 A read-only API server (``bench.snapshot_api``: why not the real kube-apiserver is said there)
 runs in this process, in the benchmark's node namespace, serving the cluster
-(``bench.synthetic``) and its Node. ``ipvsproxy run`` lists and watches it over HTTP with the
+(``lab.cluster.synthetic``) and its Node. ``ipvsproxy run`` lists and watches it over HTTP with the
 official client, as on a real node, and programs the kernel; its first sync shows in its sync
 timestamp metric. Its peak resident set (VmHWM) is read then, and again after a few more
 periodic syncs.
@@ -19,8 +19,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench import synthetic
 from bench.snapshot_api import SnapshotAPI
+from lab.cluster import synthetic
 from lab.net import netns
 
 HEALTHZ = "127.0.0.1:10256"

@@ -9,7 +9,7 @@ against ~6 s on the host, loading the 30,000 objects of both sizes would take ab
 hour, and etcd and kube-apiserver holding them would share the guest's 3 GB with the process
 whose peak memory is being measured. It would also refuse the cluster: with every port of a
 NodePort Service given a node port, 10,000 Services exhaust 30000-32767 (see
-``bench.synthetic``). The benchmark measures what ipvsproxy holds, not how objects get to it,
+``lab.cluster.synthetic``). The benchmark measures what ipvsproxy holds, not how objects get to it,
 so this serves the snapshot as the real server's watch cache answers an informer:
 
 - ``GET /api/v1/services``, ``/apis/discovery.k8s.io/v1/endpointslices``, ``/api/v1/nodes``

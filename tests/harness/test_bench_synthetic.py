@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from bench import host, synthetic
+from bench import host
 from ipvsproxy.core.plan import PlanConfig, plan_service
 from ipvsproxy.core.service_ports import service_ports, slice_endpoints
+from lab.cluster import synthetic
 
 CLUSTER_NET = ipaddress.ip_network("10.96.0.0/12")
 POD_NET = ipaddress.ip_network("10.244.0.0/16")

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from bench import synthetic
 from ipvsproxy.core.plan import NodeFacts, PlanConfig, plan_service
 from ipvsproxy.core.service_ports import LABEL_SERVICE_NAME
 from ipvsproxy.kube import slim
+from lab.cluster import synthetic
 from tests.unit import k8s_objects as k
 
 NODES = [
