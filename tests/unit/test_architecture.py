@@ -16,6 +16,7 @@ CONTRACTS = {
     "The kernel layer knows nothing of Kubernetes": "forbidden",
     "The product imports no development tooling": "forbidden",
     "The lab and the benchmarks import no tests": "forbidden",
+    "Product tests import no benchmarks": "forbidden",
 }
 
 
