@@ -8,7 +8,7 @@ backends as for the kernel, counted, and answered by the fakes' tables, which ho
 written (a real server read back to drain is one of them); the time the fakes take to answer is
 the kernel's work and is not counted. The iptables rules are rendered and restored into the
 fake, and the state file is written to a temporary folder. The garbage collector is handled as
-the daemon handles it (``gcpolicy``).
+the daemon handles it (``ipvsproxy/process/gc_tuning.py``).
 
 1. Cold sync of the synthetic cluster (``lab.cluster.synthetic``), as the daemon's first sync does
    it: every Service planned (``update_service``), then the first ``sync()`` (a reconcile of
@@ -38,8 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ipvsproxy.core import ipset_specs
-from ipvsproxy.core import ruleset as rules
+from ipvsproxy.core import ipset_specs, ruleset
 from ipvsproxy.core.diff import AddressOp, DestOp, MemberOp, ServiceOp
 from ipvsproxy.core.plan import NodeFacts
 from ipvsproxy.dataplane.dataplane import Dataplane, SyncResult
@@ -56,7 +55,7 @@ from ipvsproxy.kernel.fakes.codec import (
 from ipvsproxy.kernel.fakes.sysctls import FRESH_NODE, FakeSysctls
 from ipvsproxy.kernel.netlink.sock import Outcome
 from ipvsproxy.kernel.sysctl import required
-from ipvsproxy.process import gc_tuning as gcpolicy
+from ipvsproxy.process import gc_tuning
 from lab.cluster import synthetic
 
 NODE_IP = "192.168.56.11"
@@ -66,7 +65,7 @@ NODE = NodeFacts(
     local_addresses=frozenset({NODE_IP}),
     primary_ip=NODE_IP,
 )
-RULES = rules.RulesConfig(cluster_cidr="10.244.0.0/16")
+RULES = ruleset.RulesConfig(cluster_cidr="10.244.0.0/16")
 COLD_RUNS = 3
 CHANGE_RUNS = 101
 CHANGE_TARGET_US = 1000.0
@@ -245,7 +244,7 @@ def _synced(host: Host, event: Callable[[], None]) -> SyncWork:
         return results[0]
 
     start = time.perf_counter()
-    gcpolicy.paused_for(replan_and_sync, lambda r: r.full)
+    gc_tuning.paused_for(replan_and_sync, lambda r: r.full)
     total = time.perf_counter() - start
     result = results[0]
     if result.errors:

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ipvsproxy.core import ipset_specs
-from ipvsproxy.core import ruleset as rules
+from ipvsproxy.core import ipset_specs, ruleset
 from ipvsproxy.core.plan import NodeFacts
 from ipvsproxy.dataplane.dataplane import Dataplane, SyncResult
 from ipvsproxy.kernel.addresses import DUMMY_DEVICE
@@ -31,7 +30,7 @@ NODE = NodeFacts(
     local_addresses=frozenset({NODE_IP}),
     primary_ip=NODE_IP,
 )
-RULES = rules.RulesConfig(cluster_cidr="10.244.0.0/16")
+RULES = ruleset.RulesConfig(cluster_cidr="10.244.0.0/16")
 
 
 @dataclass
