@@ -3,8 +3,9 @@
 ipvsproxy must already run on every node (deploy/). The set-up creates namespace
 ``ipvsproxy-e2e`` (PodSecurity ``privileged``: the node clients use the host network) with
 
-- ConfigMap ``echo``: ``lab/__init__.py``, ``lab/net/netns.py`` and ``lab/net/echo.py`` of this
-  checkout and ``pod_echo.py`` (``POD_ECHO`` below), mounted at /opt/lab,
+- ConfigMap ``echo``: ``lab/__init__.py``, ``lab/net/__init__.py``, ``lab/net/netns.py`` and
+  ``lab/net/echo.py`` of this checkout and ``pod_echo.py`` (``POD_ECHO`` below), mounted at
+  /opt/lab in lab/'s layout,
 - per node, echo pods ``echo-<node>-1`` and ``-2`` (image ``python:3.11-slim`` running
   lab/net/echo.py on port 8080 for TCP and UDP, pinned with ``nodeName``, tolerating every taint,
   ready once 8080 accepts),
@@ -141,6 +142,20 @@ def _pod(name: str, node: str, labels: dict[str, str], host_network: bool = Fals
     }
 
 
+# The lab files the echo pods run, by their path under lab/ (the pod's /opt/lab).
+ECHO_FILES = ("__init__.py", "net/__init__.py", "net/netns.py", "net/echo.py")
+
+
+def echo_code_volume() -> tuple[dict[str, str], list[dict[str, str]]]:
+    """The ConfigMap ``echo``'s data and the volume's items that lay it out as lab/ is laid out
+    (a ConfigMap key cannot hold a "/", so each file's key is its path with "/" as "-")."""
+    data = {f.replace("/", "-"): (REPO / "lab" / f).read_text() for f in ECHO_FILES}
+    data["pod_echo.py"] = POD_ECHO
+    items = [{"key": f.replace("/", "-"), "path": f} for f in ECHO_FILES]
+    items.append({"key": "pod_echo.py", "path": "pod_echo.py"})
+    return data, items
+
+
 def _echo_pod(name: str, node: str) -> Any:
     pod = _pod(name, node, {"e2e.ipvsproxy.io/role": "echo"})
     pod["spec"]["containers"] = [
@@ -159,7 +174,8 @@ def _echo_pod(name: str, node: str) -> Any:
             "volumeMounts": [{"name": "code", "mountPath": "/opt/lab"}],
         }
     ]
-    pod["spec"]["volumes"] = [{"name": "code", "configMap": {"name": "echo"}}]
+    _code, items = echo_code_volume()
+    pod["spec"]["volumes"] = [{"name": "code", "configMap": {"name": "echo", "items": items}}]
     return pod
 
 
@@ -205,8 +221,7 @@ class RealCluster:
                 }
             }
         )
-        code = {f: (REPO / "lab" / f).read_text() for f in ("__init__.py", "netns.py", "echo.py")}
-        code["pod_echo.py"] = POD_ECHO
+        code, _items = echo_code_volume()
         self.core.create_namespaced_config_map(
             NAMESPACE, {"metadata": {"name": "echo"}, "data": code}
         )
