@@ -20,6 +20,7 @@ from typing import Any
 
 from ipvsproxy.core.identities import ServiceIdentity, identities_from_json, identities_to_json
 from ipvsproxy.core.virtual_servers import DestKey, Protocol, ServiceKey
+from ipvsproxy.dataplane.tracked import TrackedDict, TrackedSet
 
 VERSION = 1
 _PLACEHOLDER = "\0virtual servers\0"  # where the virtual servers' text goes
@@ -39,7 +40,9 @@ class State:
       and the fingerprint of our chains as read right after ("" when unknown), so that a
       restart rewrites the rules only when either differs (or a jump is missing);
     - ``identities``: each programmed Service's names, for ``ipvsproxy status``.
-    Plain values; ``to_json`` and ``from_json`` are the file's format (``VERSION``), and
+    ``virtual_servers`` and ``identities`` note the keys changed since the last save
+    (``TrackedSet``, ``TrackedDict``), so a save compares those only: its cost follows the
+    change, not the cluster. ``to_json`` and ``from_json`` are the file's format (``VERSION``), and
     ``from_json`` raises ValueError (or KeyError, TypeError) on a document it cannot read."""
 
     virtual_servers: set[ServiceKey] = field(default_factory=set)
@@ -49,6 +52,17 @@ class State:
     # What each programmed Service's virtual and real servers stand for, so that
     # `ipvsproxy status` can name them while the daemon is not running.
     identities: dict[str, ServiceIdentity] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Tracked, so that a save compares only what changed since the last one.
+        self.virtual_servers = TrackedSet(self.virtual_servers)
+        self.identities = TrackedDict(self.identities)
+
+    def saved(self) -> None:
+        """Forget which keys changed: what they hold now is what the file holds."""
+        for tracked in (self.virtual_servers, self.identities):
+            if isinstance(tracked, (TrackedSet, TrackedDict)):
+                tracked.touched.clear()
 
     def to_json(self, generation: str = "") -> dict[str, Any]:
         return {
@@ -160,6 +174,7 @@ class StateFile:
                 self._torn = True  # the next save rewrites the snapshot without it
                 break
         self._saved = _Saved.of(state)
+        state.saved()
         return state
 
     def _journal_lines(self) -> list[str]:
@@ -182,11 +197,13 @@ class StateFile:
         if self._saved is not None and not self._torn:
             change = self._saved.change(state)
             if change is None:
+                state.saved()
                 return False
             line = json.dumps({"gen": self._generation, **change})
             if self._journal_bytes + len(line) < max(self._snapshot_bytes, JOURNAL_MIN_BYTES):
                 self._append(line)
                 self._saved.absorb(state, change)
+                state.saved()
                 return True
         self._write_snapshot(state)
         return True
@@ -227,6 +244,7 @@ class StateFile:
         self._generation, self._snapshot_bytes, self._journal_bytes = generation, size, 0
         self._torn = False
         self._saved = _Saved.of(state)
+        state.saved()
 
     def render(self, state: State, generation: str = "") -> Iterator[str]:
         """``json.dumps(state.to_json())`` in pieces, a Service at a time, written as they
@@ -296,7 +314,7 @@ def _replay(state: State, change: str, generation: str) -> None:
 class _Saved:
     """What was last written, to tell cheaply whether and how a state differs from it."""
 
-    virtual_servers: frozenset[ServiceKey]
+    virtual_servers: set[ServiceKey]
     draining_since: dict[tuple[ServiceKey, DestKey], float]
     rules_digest: str
     iptables_fingerprint: str
@@ -305,7 +323,7 @@ class _Saved:
     @classmethod
     def of(cls, state: State) -> _Saved:
         return cls(
-            frozenset(state.virtual_servers),
+            set(state.virtual_servers),
             dict(state.draining_since),
             state.rules_digest,
             state.iptables_fingerprint,
@@ -316,7 +334,8 @@ class _Saved:
         """Become ``state`` once ``change`` (from ``change``) is written, copying only what it
         names, so that a save costs in proportion to the change, not to the cluster."""
         if "vs+" in change:
-            self.virtual_servers = frozenset(state.virtual_servers)
+            self.virtual_servers.difference_update(_key(k) for k in change["vs-"])
+            self.virtual_servers.update(_key(k) for k in change["vs+"])
         if "draining" in change:
             self.draining_since = dict(state.draining_since)
         self.rules_digest, self.iptables_fingerprint = (
@@ -333,13 +352,15 @@ class _Saved:
     def change(self, state: State) -> dict[str, Any] | None:
         """A journal line's content turning what was saved into ``state``; None: the same."""
         out: dict[str, Any] = {}
-        if self.virtual_servers != state.virtual_servers:
-            out["vs-"] = [
-                _key_json(k) for k in sorted(self.virtual_servers - state.virtual_servers)
-            ]
-            out["vs+"] = [
-                _key_json(k) for k in sorted(state.virtual_servers - self.virtual_servers)
-            ]
+        ours, saved_vs = state.virtual_servers, self.virtual_servers
+        # Only the virtual servers and identities touched since the last save can differ
+        # (State tracks them); an untracked state is compared whole.
+        vs_keys = ours.touched if isinstance(ours, TrackedSet) else ours | saved_vs
+        gone = sorted(k for k in vs_keys if k in saved_vs and k not in ours)
+        new = sorted(k for k in vs_keys if k in ours and k not in saved_vs)
+        if gone or new:
+            out["vs-"] = [_key_json(k) for k in gone]
+            out["vs+"] = [_key_json(k) for k in new]
         if self.draining_since != state.draining_since:
             now, was = state.draining_since, self.draining_since
             out["draining"] = [
@@ -351,16 +372,18 @@ class _Saved:
         if rules != (self.rules_digest, self.iptables_fingerprint):
             out["rules"] = list(rules)
         identities: dict[str, Any] = {}
-        saved = self.identities
-        for service, ident in state.identities.items():
-            old = saved.get(service)
-            if old is not ident:
+        saved, named = self.identities, state.identities
+        services = named.touched if isinstance(named, TrackedDict) else named.keys() | saved.keys()
+        for service in services:
+            ident, old = named.get(service), saved.get(service)
+            if ident is None:
+                if service in saved:
+                    identities[service] = None
+            elif old is not ident:
                 if old != ident:
                     identities[service] = ident.to_json()
                 else:  # a replan's equal copy: remember it, so the next look is an `is`
                     saved[service] = ident
-        if len(saved) + len(identities) != len(state.identities):
-            identities.update({s: None for s in saved.keys() - state.identities.keys()})
         if identities:
             out["identities"] = identities
         return out or None
