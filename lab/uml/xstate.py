@@ -10,8 +10,8 @@ Attempted to kill init! exitcode=0x0000000b". UML falls back to the i387/SSE reg
 wrapper installs a seccomp filter that makes exactly those two ptrace requests fail with EIO and
 then executes linux.uml. Guest processes then keep their x87/SSE state but not AVX (measured:
 ``modprobe -a`` of the lab's modules fails with EINVAL when glibc uses AVX), so the guest's
-environment tells glibc and OpenSSL not to use AVX, including the modprobe the kernel runs to
-load modules on demand (SCTP's cookie HMAC, md5, is loaded that way). ``adapt()`` and
+environment tells glibc, OpenSSL and Go programs not to use AVX, including the modprobe the
+kernel runs to load modules on demand (SCTP's cookie HMAC, md5, is loaded that way). ``adapt()`` and
 ``printf_exports()`` do it, only on hosts that need it.
 """
 
@@ -47,6 +47,10 @@ GUEST_GLIBC_TUNABLES = (
 )
 # capability words: CPUID.1 (EDX:ECX), CPUID.7 (EBX...): clear AVX, AVX2, AVX-512 F/DQ/BW/VL
 GUEST_OPENSSL_IA32CAP = "~0x1000000000000000:~0xC0030020"
+# Go's runtime and standard library (the lab's etcd, kube-apiserver, kube-proxy) pick AVX,
+# AVX2 and AVX-512 by CPUID too: without this their own start-up fails ("gzip: invalid
+# checksum", or the garbage collector's "traceback did not unwind completely").
+GUEST_GODEBUG = "cpu.avx=off,cpu.avx2=off,cpu.avx512f=off"
 
 
 def _stmt(code: int, k: int) -> bytes:
@@ -121,7 +125,11 @@ def guest_env() -> dict[str, str]:
     """What every guest process needs in its environment on this host (nothing, mostly)."""
     if not host_needs_it():
         return {}
-    return {"GLIBC_TUNABLES": GUEST_GLIBC_TUNABLES, "OPENSSL_ia32cap": GUEST_OPENSSL_IA32CAP}
+    return {
+        "GLIBC_TUNABLES": GUEST_GLIBC_TUNABLES,
+        "OPENSSL_ia32cap": GUEST_OPENSSL_IA32CAP,
+        "GODEBUG": GUEST_GODEBUG,
+    }
 
 
 def printf_exports() -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.cluster import upstream
 from lab.uml import guest, xstate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,6 +45,7 @@ def test_the_override_forces_or_forbids_the_wrapper(monkeypatch: pytest.MonkeyPa
     assert wrapped[3:5] == argv
     assert f"GLIBC_TUNABLES={xstate.GUEST_GLIBC_TUNABLES}" in wrapped[5:]
     assert f"OPENSSL_ia32cap={xstate.GUEST_OPENSSL_IA32CAP}" in wrapped[5:]
+    assert f"GODEBUG={xstate.GUEST_GODEBUG}" in wrapped[5:]
     assert "export GLIBC_TUNABLES=" in xstate.printf_exports()
     assert guest.guest_environment()["GLIBC_TUNABLES"] == xstate.GUEST_GLIBC_TUNABLES
     monkeypatch.setenv(xstate.OVERRIDE, "yes")
@@ -105,6 +107,8 @@ def test_a_guest_without_xstate_runs_python_openssl_modules_and_ipvs(
     lines: list[str] = []
     script = (
         "tr '\\0' '\\n' </proc/1/environ | grep -c -e ^GLIBC_TUNABLES= -e ^OPENSSL_ia32cap=; "
+        # Go programs (the lab's control plane): Go's runtime picks AVX and AVX-512 by CPUID
+        f"{upstream.binary('etcd')} --version | head -1; "
         "python -c 'import hashlib, ssl; print(hashlib.sha256(b\"lab\").hexdigest()[:12])'; "
         "ipvsadm -A -t 10.0.0.1:80 -s rr && ipvsadm -a -t 10.0.0.1:80 -r 10.0.0.2:80 -m && "
         "ipvsadm -Ln | grep -c 10.0.0; "
@@ -113,7 +117,14 @@ def test_a_guest_without_xstate_runs_python_openssl_modules_and_ipvs(
     )
     result = guest.boot(["sh", "-c", script], on_output=lines.append, timeout=300)
     assert result.ok, result.describe()
-    assert lines == ["2", hashlib.sha256(b"lab").hexdigest()[:12], "2", "1", "ifb"], lines
+    assert lines == [
+        "2",
+        f"etcd Version: {upstream.ETCD_VERSION[1:]}",
+        hashlib.sha256(b"lab").hexdigest()[:12],
+        "2",
+        "1",
+        "ifb",
+    ], lines
 
 
 def test_kernel_tests_run_in_a_guest_without_xstate() -> None:
