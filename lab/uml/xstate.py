@@ -48,9 +48,13 @@ GUEST_GLIBC_TUNABLES = (
 # capability words: CPUID.1 (EDX:ECX), CPUID.7 (EBX...): clear AVX, AVX2, AVX-512 F/DQ/BW/VL
 GUEST_OPENSSL_IA32CAP = "~0x1000000000000000:~0xC0030020"
 # Go's runtime and standard library (the lab's etcd, kube-apiserver, kube-proxy) pick AVX,
-# AVX2 and AVX-512 by CPUID too: without this their own start-up fails ("gzip: invalid
-# checksum", or the garbage collector's "traceback did not unwind completely").
-GUEST_GODEBUG = "cpu.avx=off,cpu.avx2=off,cpu.avx512f=off"
+# AVX2 and AVX-512 by CPUID too: without this they crash ("gzip: invalid checksum", the
+# garbage collector's "traceback did not unwind completely", SIGSEGV in sync.Map). Each AVX-512
+# feature is its own switch (the garbage collector's AVX-512 scan needs VL, BW and DQ).
+GUEST_GODEBUG = ",".join(
+    f"cpu.{name}=off"
+    for name in ("avx", "avx2", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")
+)
 
 
 def _stmt(code: int, k: int) -> bytes:
