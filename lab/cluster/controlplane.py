@@ -90,14 +90,16 @@ class ControlPlane:
 
     # Lifecycle --------------------------------------------------------------------------
 
-    def start(self, timeout: float = 300.0) -> ControlPlane:
-        """Start all three and write the admin kubeconfig once /readyz answers 200."""
+    def start(self, timeout: float = 300.0, controller_manager: bool = True) -> ControlPlane:
+        """Start all three (or etcd and kube-apiserver alone: a client then writes the
+        EndpointSlices) and write the admin kubeconfig once /readyz answers 200."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._write_secrets()
         self._timed("etcd", self.start_etcd, timeout)
         self._timed("kube-apiserver", lambda t: self.start_apiserver(t), timeout)
         self.write_kubeconfig(self.kubeconfig, self._token)
-        self._timed("kube-controller-manager", self.start_controller_manager, timeout)
+        if controller_manager:
+            self._timed("kube-controller-manager", self.start_controller_manager, timeout)
         return self
 
     def _timed(self, name: str, start: Any, timeout: float) -> None:

@@ -17,7 +17,7 @@ import contextlib
 import json
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -124,8 +124,11 @@ def kube_proxy_cleanup(netns: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def kube_router(node: str, netns: str, kubeconfig: Path, workdir: Path) -> Peer:
-    """Start kube-router with only its service proxy (IPVS) for lab node ``node``."""
+def kube_router(
+    node: str, netns: str, kubeconfig: Path, workdir: Path, extra: Sequence[str] = ()
+) -> Peer:
+    """Start kube-router with only its service proxy (IPVS) for lab node ``node`` (``extra``:
+    more of its flags)."""
     workdir.mkdir(parents=True, exist_ok=True)
     argv = [
         str(upstream.binary("kube-router")),
@@ -140,6 +143,7 @@ def kube_router(node: str, netns: str, kubeconfig: Path, workdir: Path) -> Peer:
         "--health-port=0",
         "--metrics-port=0",
         "--v=2",
+        *extra,
     ]
     return Peer(f"kube-router-{node}", netns, argv, workdir, env={"NODE_NAME": node})
 

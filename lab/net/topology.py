@@ -129,13 +129,27 @@ class Cluster:
         self.start_echo(((p.name, p.netns) for p in self.pods), port)
 
     def destroy(self) -> None:
+        self._delete_namespaces()
+        _batch(None, [f"link delete {UNDERLAY_BRIDGE}"], check=False)
+
+    def renew(self) -> None:
+        """Every namespace deleted and made again (empty tables: nothing a previous user left,
+        no IPVS trash list); the underlay bridge and its address stay, and with them any
+        socket bound there, such as the API server's."""
+        self._delete_namespaces()
+        try:
+            _create(self, underlay=False)
+        except BaseException:
+            self.destroy()
+            raise
+
+    def _delete_namespaces(self) -> None:
         for proc in self._echo:
             proc.kill()
             proc.wait()
         self._echo.clear()
         names = [n.netns for n in self.nodes] + [p.netns for p in self.pods] + [self.external.netns]
         _batch(None, [f"netns delete {ns}" for ns in names], check=False)
-        _batch(None, [f"link delete {UNDERLAY_BRIDGE}"], check=False)
 
     @classmethod
     def build(cls, nodes: int = 3, pods_per_node: int = 2) -> Cluster:
@@ -180,13 +194,15 @@ def _plan_node(index: int, pods: int) -> Node:
     )
 
 
-def _create(cluster: Cluster) -> None:
+def _create(cluster: Cluster, underlay: bool = True) -> None:
     prefix = UNDERLAY.prefixlen
-    root = [
-        f"link add {UNDERLAY_BRIDGE} type bridge",
-        f"address add {ROOT_IP}/{prefix} dev {UNDERLAY_BRIDGE}",
-        f"link set {UNDERLAY_BRIDGE} up",
-    ]
+    root = []
+    if underlay:
+        root = [
+            f"link add {UNDERLAY_BRIDGE} type bridge",
+            f"address add {ROOT_IP}/{prefix} dev {UNDERLAY_BRIDGE}",
+            f"link set {UNDERLAY_BRIDGE} up",
+        ]
     hosts: list[tuple[str, str, str]] = [(n.netns, n.ip, f"vn{n.index}") for n in cluster.nodes]
     hosts.append((cluster.external.netns, cluster.external.ip, "vext"))
     for ns, _, veth in hosts:

@@ -226,6 +226,10 @@ class Encoder:
     def dump_services(self, seq: int) -> bytes:
         return self._msg(CMD_GET_SERVICE, seq, b"", _REQ_DUMP)
 
+    def get_service(self, seq: int, key: ServiceKey) -> bytes:
+        """One virtual server by its key (the kernel answers ESRCH when there is none)."""
+        return self._msg(CMD_GET_SERVICE, seq, self._service_attr(key), codec.NLM_F_REQUEST)
+
     def dump_dests(self, seq: int, key: ServiceKey) -> bytes:
         return self._msg(CMD_GET_DEST, seq, self._service_attr(key), _REQ_DUMP)
 

@@ -1,0 +1,556 @@
+"""ipvsproxy beside upstream kube-proxy (IPVS mode) and kube-router, inside the lab guest:
+``python -m lab run --mem 3G -- python -m bench.peers``. ``make bench`` runs it.
+
+One guest boot, one real API server (etcd and kube-apiserver, no controller: the benchmark
+writes the EndpointSlices itself, so nothing rewrites them), the same objects for all three:
+the synthetic cluster of ``lab.cluster.synthetic`` (node ports left to the API server to
+allocate) plus one Service ``conn`` whose endpoint is a real echo pod. Each run of each system
+gets a fresh one-node lab topology (a new network namespace: an empty IPVS table with no
+trash list left by the run before) and, in turn:
+
+- **cold start**: the proxy is started; the time until the kernel holds every Service's
+  cluster-IP virtual server with all its endpoints active (the IPVS table polled from outside),
+  and the proxy's CPU seconds until then;
+- **one change**: ``--changes`` of each kind, each on a different Service, each undone by the
+  next kind (endpoint added, then removed; not ready, then ready again; Service added, then
+  deleted), timed from the API write's start until the virtual server polled over netlink shows
+  it, with the proxy's CPU seconds until it is idle again;
+- **steady state**: the proxy's CPU seconds per minute with no change, and with one change a
+  second;
+- **restart**: an established connection through ``conn``, SIGTERM, a new Service created
+  while the proxy is down, a new proxy started: the time until the kernel shows the new Service
+  (a full first sync has run), what changed in the IPVS table, ipsets and iptables rules
+  otherwise, and whether the connection still answers;
+- **peak RSS** (VmHWM) of the process over the run.
+
+Runs alternate between the systems (a different one first each round). Every proxy gets the
+same settings where they share them: sync period 30 s, minimum sync period 0 (kube-router has
+none), cluster CIDR 10.244.0.0/16, the node's InternalIP from its Node object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from bench import kernel_view, proc
+from bench.kernel_view import Dest, Prober, VSKey
+from lab.cluster import peers, synthetic
+from lab.cluster.controlplane import ControlPlane
+from lab.cluster.kube import APISERVER_PORT, REPO, SERVICE_ACCOUNT, http_get_from
+from lab.cluster.kubelet import MERGE_PATCH, LabKubelets
+from lab.net import netns
+from lab.net.topology import Cluster
+
+SYSTEMS = ("ipvsproxy", "kube-proxy", "kube-router")
+NS = synthetic.NAMESPACE
+CONN_IP = "10.96.0.10"
+CONN_PORT = 80
+ECHO_PORT = 8080
+NEW_SERVICE_BASE = 20_000  # indices of the Services a change adds (past any cluster size)
+SENTINEL_INDEX = 30_000
+METRICS = "127.0.0.1:10249"
+ADD_ADDRESS = "10.244.255.254"  # the endpoint a change adds: outside every synthetic Service
+SERVICES = f"/api/v1/namespaces/{NS}/services"
+SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
+MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
+
+
+def progress(text: str) -> None:
+    print(f"bench.peers {time.strftime('%H:%M:%S')}: {text}", file=sys.stderr, flush=True)
+
+
+# The objects --------------------------------------------------------------------------------
+
+
+def service_object(svc: dict[str, Any]) -> dict[str, Any]:
+    """A synthetic Service as a client creates it: no server-set fields, node ports left to
+    the API server (it gives every port of a NodePort Service one)."""
+    spec = json.loads(json.dumps(svc["spec"]))
+    for port in spec["ports"]:
+        port.pop("nodePort", None)
+    meta = svc["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": meta["name"], "labels": meta.get("labels", {})},
+        "spec": spec,
+    }
+
+
+def slice_object(sl: dict[str, Any], name: str) -> dict[str, Any]:
+    labels = dict(sl["metadata"]["labels"])
+    labels[MANAGED_BY] = "bench.ipvsproxy"  # not the controller's: none runs here anyway
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "labels": labels},
+        "addressType": "IPv4",
+        "endpoints": sl["endpoints"],
+        "ports": sl["ports"],
+    }
+
+
+@dataclass
+class Entry:
+    """One Service of the cluster as the API holds it, and its cluster-IP virtual server."""
+
+    index: int
+    svc: dict[str, Any]
+    slice: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.svc["metadata"]["name"])
+
+    @property
+    def slice_name(self) -> str:
+        return f"{self.name}-bench"
+
+    @property
+    def vs(self) -> VSKey:
+        port = self.svc["spec"]["ports"][0]
+        return (port["protocol"], self.svc["spec"]["clusterIP"], port["port"])
+
+    def dests(self, endpoints: list[dict[str, Any]] | None = None) -> set[Dest]:
+        port = self.slice["ports"][0]["port"]
+        eps = self.slice["endpoints"] if endpoints is None else endpoints
+        return {(ep["addresses"][0], port) for ep in eps if ep["conditions"].get("ready", True)}
+
+    def expected(self) -> dict[VSKey, set[Dest]]:
+        """Every cluster-IP virtual server of the Service and its active real servers."""
+        out = {}
+        for port, slice_port in zip(self.svc["spec"]["ports"], self.slice["ports"], strict=True):
+            vs = (port["protocol"], self.svc["spec"]["clusterIP"], port["port"])
+            out[vs] = {(ep["addresses"][0], slice_port["port"]) for ep in self.slice["endpoints"]}
+        return out
+
+
+def entry(index: int, endpoints: int) -> Entry:
+    _, svc, (sl,) = synthetic.service_at(index, endpoints)
+    return Entry(index, svc, sl)
+
+
+def conn_entry(pod_ip: str) -> Entry:
+    svc = {
+        "metadata": {"name": "conn", "labels": {}},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": CONN_IP,
+            "selector": {"app": "conn"},
+            "ports": [{"name": "echo", "protocol": "TCP", "port": CONN_PORT}],
+        },
+    }
+    sl = {
+        "metadata": {"labels": {"kubernetes.io/service-name": "conn"}},
+        "endpoints": [{"addresses": [pod_ip], "conditions": {"ready": True}, "nodeName": "node-1"}],
+        "ports": [{"name": "echo", "protocol": "TCP", "port": ECHO_PORT}],
+    }
+    return Entry(-1, svc, sl)
+
+
+class API:
+    """The benchmark's writes, through kube-apiserver as the admin."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+
+    def create(self, e: Entry) -> None:
+        self.cp.call("POST", SERVICES, service_object(e.svc))
+        self.cp.call("POST", SLICES, slice_object(e.slice, e.slice_name))
+        ingress = e.svc.get("status", {}).get("loadBalancer", {}).get("ingress")
+        if ingress:
+            body = {"status": {"loadBalancer": {"ingress": ingress}}}
+            self.cp.call("PATCH", f"{SERVICES}/{e.name}/status", body, content_type=MERGE_PATCH)
+
+    def create_many(self, entries: Sequence[Entry], workers: int = 8) -> None:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(self.create, entries))
+
+    def delete(self, e: Entry) -> None:
+        self.cp.call("DELETE", f"{SERVICES}/{e.name}")
+        self.cp.call("DELETE", f"{SLICES}/{e.slice_name}")
+
+    def set_endpoints(self, e: Entry, endpoints: list[dict[str, Any]]) -> None:
+        self.cp.call(
+            "PATCH",
+            f"{SLICES}/{e.slice_name}",
+            {"endpoints": endpoints},
+            content_type=MERGE_PATCH,
+        )
+
+
+# The proxies --------------------------------------------------------------------------------
+
+
+@dataclass
+class Identities:
+    ipvsproxy: Path
+    kube_proxy: Path
+    admin: Path
+
+
+def start(system: str, node: str, ns: str, ids: Identities, workdir: Path) -> peers.Peer:
+    if system == "kube-proxy":
+        return peers.kube_proxy(
+            node,
+            ns,
+            ids.kube_proxy,
+            workdir,
+            sync_period="30s",
+            min_sync_period="0s",
+            metrics=METRICS,
+        )
+    if system == "kube-router":
+        return peers.kube_router(node, ns, ids.admin, workdir, extra=["--ipvs-sync-period=30s"])
+    argv = [
+        sys.executable, "-m", "ipvsproxy", "run",
+        "--kubeconfig", str(ids.ipvsproxy),
+        "--hostname-override", node,
+        "--cluster-cidr", peers.CLUSTER_CIDR,
+        "--state-file", str(workdir / "ipvsproxy-state.json"),
+        "--ipvs-sync-period", "30s",
+        "--ipvs-min-sync-period", "0s",
+        "--healthz-bind-address", "0.0.0.0:10256",
+        "--metrics-bind-address", METRICS,
+    ]  # fmt: skip
+    return peers.Peer("ipvsproxy", ns, argv, workdir)
+
+
+def ipvsproxy_writes(ns: str) -> int:
+    """ipvsproxy's own count of kernel write operations since it started."""
+    _, text = http_get_from(ns, f"http://{METRICS}/metrics")
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("ipvsproxy_netlink_operations_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+# Waiting for the kernel ---------------------------------------------------------------------
+
+
+def poll(check: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll ``check`` (every 5 ms at first, backing off to 100 ms) until it holds; returns the
+    monotonic time it first held."""
+    began = time.monotonic()
+    delay = 0.005
+    while True:
+        if check():
+            return time.monotonic()
+        elapsed = time.monotonic() - began
+        if elapsed > timeout:
+            raise TimeoutError(f"{what}: not seen within {timeout:g} s")
+        time.sleep(delay)
+        if elapsed > 0.2:
+            delay = 0.02
+        if elapsed > 2:
+            delay = 0.1
+
+
+def all_programmed(ns: str, expected: dict[VSKey, set[Dest]]) -> Callable[[], bool]:
+    def check() -> bool:
+        table = kernel_view.ipvs_table(ns)
+        for vs, dests in expected.items():
+            have = table.get(vs)
+            if have is None or any(have.get(d, 0) <= 0 for d in dests):
+                return False
+        return True
+
+    return check
+
+
+# One run ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Objects:
+    """What the API server holds for this size."""
+
+    entries: list[Entry]
+    conn: Entry
+    endpoints: int
+
+    def expected(self) -> dict[VSKey, set[Dest]]:
+        out: dict[VSKey, set[Dest]] = {}
+        for e in [*self.entries, self.conn]:
+            out.update(e.expected())
+        return out
+
+
+@dataclass
+class Change:
+    kind: str
+    write: Callable[[], None]
+    seen: Callable[[Prober], bool]
+    seconds: float = 0.0
+    cpu: float = 0.0
+
+
+def change_pairs(api: API, e: Entry, kind: int, endpoints: int) -> list[Change]:
+    """A change of kind ``kind`` (0: endpoint, 1: readiness, 2: Service) on ``e`` and the one
+    that undoes it, with what the kernel shows when each has been programmed."""
+    original = e.slice["endpoints"]
+    if kind == 0:
+        added = {"addresses": [ADD_ADDRESS], "conditions": {"ready": True}, "nodeName": "node-2"}
+        dest = (ADD_ADDRESS, e.slice["ports"][0]["port"])
+        return [
+            Change("endpoint added", lambda: api.set_endpoints(e, [*original, added]),
+                   lambda p: dest in (p.active(e.vs) or ())),
+            Change("endpoint removed", lambda: api.set_endpoints(e, original),
+                   lambda p: dest not in (p.active(e.vs) or {dest})),
+        ]  # fmt: skip
+    if kind == 1:
+        first = json.loads(json.dumps(original))
+        first[0]["conditions"] = {"ready": False, "serving": False, "terminating": False}
+        dest = (original[0]["addresses"][0], e.slice["ports"][0]["port"])
+        return [
+            Change("endpoint not ready", lambda: api.set_endpoints(e, first),
+                   lambda p: dest not in (p.active(e.vs) or {dest})),
+            Change("endpoint ready again", lambda: api.set_endpoints(e, original),
+                   lambda p: dest in (p.active(e.vs) or ())),
+        ]  # fmt: skip
+    new = entry(NEW_SERVICE_BASE + e.index, endpoints)
+    return [
+        Change("service added", lambda: api.create(new),
+               lambda p: p.active(new.vs) == new.dests()),
+        Change("service deleted", lambda: api.delete(new), lambda p: p.active(new.vs) is None),
+    ]  # fmt: skip
+
+
+def run_changes(
+    api: API, cluster: Objects, pid: int, prober: Prober, rounds: int
+) -> dict[str, list[list[float]]]:
+    """``rounds`` changes of each kind, each on its own Service: [seconds, CPU seconds]."""
+    out: dict[str, list[list[float]]] = {}
+    n = len(cluster.entries)
+    for kind in range(3):
+        for i in range(rounds):
+            e = cluster.entries[(kind * rounds + i) * max(1, n // (3 * rounds)) % n]
+            for change in change_pairs(api, e, kind, cluster.endpoints):
+                cpu0 = proc.wait_idle(pid)
+                began = time.monotonic()
+                change.write()
+                seen = poll(partial(change.seen, prober), 300, f"{change.kind} on {e.name}")
+                cpu1 = proc.wait_idle(pid)
+                out.setdefault(change.kind, []).append([seen - began, cpu1 - cpu0])
+    return out
+
+
+def steady(api: API, cluster: Objects, pid: int, window: float) -> dict[str, float]:
+    """CPU seconds per minute: idle, and with one endpoint change a second."""
+    cpu0 = proc.wait_idle(pid)
+    time.sleep(window)
+    idle = proc.cpu_seconds(pid) - cpu0
+    e = cluster.entries[len(cluster.entries) // 2]
+    pair = change_pairs(api, e, 0, cluster.endpoints)
+    cpu0 = proc.cpu_seconds(pid)
+    began = time.monotonic()
+    ticks = int(window)
+    for k in range(ticks):
+        pair[k % 2].write()
+        time.sleep(max(0.0, began + k + 1 - time.monotonic()))
+    busy = proc.cpu_seconds(pid) - cpu0
+    if ticks % 2:
+        pair[1].write()  # leave the Service as it was
+    proc.wait_idle(pid)
+    return {"idle_cpu_s_per_min": idle * 60 / window, "busy_cpu_s_per_min": busy * 60 / window}
+
+
+def one_run(
+    system: str,
+    topo: Cluster,
+    cluster: Objects,
+    api: API,
+    ids: Identities,
+    workdir: Path,
+    args: Any,
+) -> dict[str, Any]:
+    node = topo.nodes[0]  # fresh: set up, or renewed by the run before
+    workdir.mkdir(parents=True, exist_ok=True)
+    peer: peers.Peer | None = None
+    prober: Prober | None = None
+    try:
+        topo.start_pod_echo(ECHO_PORT)
+        prober = Prober(node.netns)
+        expected = cluster.expected()
+        began = time.monotonic()
+        peer = start(system, node.name, node.netns, ids, workdir)
+        pid = peer.proc.pid
+        cold_at = poll(all_programmed(node.netns, expected), args.timeout, "cold start")
+        result: dict[str, Any] = {
+            "cold_s": cold_at - began,
+            "cold_cpu_s": proc.cpu_seconds(pid),
+        }
+        table = kernel_view.ipvs_table(node.netns)
+        result["virtual_servers"] = len(table)
+        result["real_servers"] = sum(len(d) for d in table.values())
+        progress(f"{system}: cold start {result['cold_s']:.1f} s")
+        result["changes"] = run_changes(api, cluster, pid, prober, args.changes)
+        progress(f"{system}: changes done")
+        if args.steady > 0:
+            result["steady"] = steady(api, cluster, pid, args.steady)
+        result["peak_rss_mib"] = proc.peak_rss_mib(pid)
+        peer, result["restart"] = restart(system, peer, cluster, api, ids, node, prober, workdir)
+        result["peak_rss_mib"] = max(result["peak_rss_mib"], proc.peak_rss_mib(peer.proc.pid))
+        if not peer.running():
+            raise RuntimeError(f"{system} exited:\n{peer.logs()}")
+        return result
+    finally:
+        if prober is not None:
+            prober.close()
+        if peer is not None:
+            peer.stop()
+        topo.renew()
+        time.sleep(args.settle)  # the old namespace's tables go in the background
+
+
+def restart(
+    system: str,
+    peer: peers.Peer,
+    cluster: Objects,
+    api: API,
+    ids: Identities,
+    node: Any,
+    prober: Prober,
+    workdir: Path,
+) -> tuple[peers.Peer, dict[str, Any]]:
+    ns = node.netns
+    out: dict[str, Any] = {}
+    session: netns.TCPSession | None = None
+    try:
+        session = netns.TCPSession(ns, CONN_IP, CONN_PORT, timeout=5)
+        first = session.ask()["pod"]
+    except OSError as exc:
+        out["connection"] = f"none: {exc}"
+        first = None
+    peer.stop()
+    table = kernel_view.ipvs_table(ns)
+    text = kernel_view.text_state(ns)
+    sentinel = entry(SENTINEL_INDEX, cluster.endpoints)
+    api.create(sentinel)
+    try:
+        began = time.monotonic()
+        peer = start(system, node.name, ns, ids, workdir)
+        seen = poll(lambda: prober.active(sentinel.vs) == sentinel.dests(), 600, "restart")
+        out["converge_s"] = seen - began
+        proc.wait_idle(peer.proc.pid)
+        after = kernel_view.ipvs_table(ns)
+        after_text = kernel_view.text_state(ns)
+        ignore = {sentinel.svc["spec"]["clusterIP"]}
+        out["ipvs_changed"] = len(list(kernel_view.changed(table, after, ignore)))
+        for name in ("ipset", "iptables"):
+            diff = text[name] ^ after_text[name]
+            out[f"{name}_changed"] = len([ln for ln in diff if not any(a in ln for a in ignore)])
+        if system == "ipvsproxy":
+            out["own_writes"] = ipvsproxy_writes(ns)
+        if session is not None and first is not None:
+            try:
+                out["connection"] = (
+                    "survived" if session.ask()["pod"] == first else "moved to another pod"
+                )
+            except OSError as exc:
+                out["connection"] = f"broken: {exc}"
+        return peer, out
+    finally:
+        if session is not None:
+            session.close()
+        api.delete(sentinel)
+
+
+# The whole benchmark ------------------------------------------------------------------------
+
+
+def set_up(workdir: Path) -> tuple[Cluster, ControlPlane, API, Identities]:
+    """The one-node topology (its underlay carries the API server) and the control plane."""
+    topo = Cluster.build(nodes=1, pods_per_node=1)
+    cp = ControlPlane(workdir / "controlplane", host=topo.apiserver_ip, port=APISERVER_PORT)
+    cp.start(controller_manager=False)
+    for manifest in ("serviceaccount.yaml", "rbac.yaml"):
+        cp.create_from_manifest(REPO / "deploy" / manifest)
+    ids = Identities(
+        ipvsproxy=cp.service_account_kubeconfig(*SERVICE_ACCOUNT, workdir / "ipvsproxy.kubeconfig"),
+        kube_proxy=peers.grant_kube_proxy(cp, workdir / "kube-proxy.kubeconfig"),
+        admin=cp.kubeconfig,
+    )
+    kubelets = LabKubelets(cp)
+    kubelets.register_node(topo.nodes[0].name, topo.nodes[0].ip)
+    kubelets.ensure_namespace(NS)
+    return topo, cp, API(cp), ids
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {
+        "median": statistics.median(ordered),
+        "p95": p95,
+        "min": ordered[0],
+        "max": ordered[-1],
+    }
+
+
+def measure(args: Any, workdir: Path) -> dict[str, Any]:
+    sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
+    topo, cp, api, ids = set_up(workdir)
+    out: dict[str, Any] = {"sizes": []}
+    try:
+        conn = conn_entry(topo.pods[0].ip)
+        api.create(conn)
+        entries: list[Entry] = []
+        for services, endpoints in sizes:
+            began = time.monotonic()
+            new = [entry(i, endpoints) for i in range(len(entries), services)]
+            api.create_many(new)
+            entries += new
+            progress(f"{services} x {endpoints} in the API ({time.monotonic() - began:.0f} s)")
+            cluster = Objects(entries[:services], conn, endpoints)
+            runs: dict[str, list[dict[str, Any]]] = {s: [] for s in args.systems}
+            for r in range(args.runs):
+                k = r % len(args.systems)
+                order = args.systems[k:] + args.systems[:k]
+                for system in order:
+                    progress(f"{services} x {endpoints}: run {r + 1}, {system}")
+                    wd = workdir / f"{services}x{endpoints}-{system}-{r}"
+                    runs[system].append(one_run(system, topo, cluster, api, ids, wd, args))
+            out["sizes"].append({"services": services, "endpoints": endpoints, "runs": runs})
+    finally:
+        cp.stop()
+        topo.destroy()
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="1000x10,5000x10", help="SxE,... in increasing order")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--changes", type=int, default=20, help="changes of each kind per run")
+    p.add_argument("--steady", type=float, default=60.0, help="steady-state window, seconds")
+    p.add_argument("--timeout", type=float, default=1800.0, help="cold start limit, seconds")
+    p.add_argument("--settle", type=float, default=5.0)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/bench-peers"))
+    p.add_argument("--output", type=Path, required=True)
+    args = p.parse_args(argv)
+    args.systems = args.systems.split(",")
+    unknown = set(args.systems) - set(SYSTEMS)
+    if unknown:
+        p.error(f"unknown systems: {sorted(unknown)}")
+    result = measure(args, args.workdir)
+    args.output.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
