@@ -9,6 +9,7 @@ import socket
 import struct
 
 from ipvsproxy.core.virtual_servers import (
+    FWD_MASQ,
     DestKey,
     DestStats,
     ObservedDest,
@@ -135,7 +136,10 @@ def _service_full(vs: VirtualServer) -> bytes:
 
 def _dest_full(rs: RealServerLike) -> bytes:
     """A nested destination attribute with every setting (see ``_DEST_FULL``)."""
-    addr, port = rs.key
+    if type(rs) is DestKey:  # the planner's: weight 1, masquerade, read without properties
+        (addr, port), fwd_method, weight = rs, FWD_MASQ, 1
+    else:
+        (addr, port), fwd_method, weight = rs.key, rs.fwd_method, rs.weight
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     return _DEST_FULL.pack(
         _DEST_FULL.size,
@@ -148,10 +152,10 @@ def _dest_full(rs: RealServerLike) -> bytes:
         _BE16.pack(port),
         8,
         DEST_FWD_METHOD,
-        rs.fwd_method,
+        fwd_method,
         8,
         DEST_WEIGHT,
-        rs.weight,
+        weight,
         8,
         DEST_U_THRESH,
         0,
@@ -196,10 +200,10 @@ class Encoder:
         """The hot path of a cold sync (one per real server): what ``_msg`` would build, with
         its calls folded in; the same bytes."""
         svc = self._svc_attr if key is self._svc_key else self._service_attr(key)
-        body = svc + _dest_full(rs)
+        dest = _dest_full(rs)
         return (
             _GENL_HEAD.pack(
-                codec.HEADER_LEN + len(body),
+                codec.HEADER_LEN + len(svc) + len(dest),
                 self.family_id,
                 _REQ_ACK,
                 seq,
@@ -208,7 +212,8 @@ class Encoder:
                 GENL_VERSION,
                 0,
             )
-            + body
+            + svc
+            + dest
         )
 
     def set_dest(self, seq: int, key: ServiceKey, rs: RealServerLike) -> bytes:
