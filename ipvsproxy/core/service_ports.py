@@ -12,6 +12,7 @@ import ipaddress
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 from ipvsproxy.core.virtual_servers import Protocol, canonical_ip
@@ -90,6 +91,11 @@ class Endpoint(NamedTuple):
     pod: str | None = None  # namespace/name of the Pod behind it (targetRef), for status
 
 
+# An Endpoint from the tuple of its fields, built in C: the named tuple's own __new__ is a
+# Python function, and the planner makes an Endpoint per endpoint and port.
+new_endpoint = partial(tuple.__new__, Endpoint)
+
+
 def service_id(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
@@ -107,9 +113,12 @@ def creation_time(obj: Mapping[str, Any]) -> str:
             when = datetime.datetime.fromisoformat(str(value))
         except ValueError:
             return ""
-    if when.tzinfo is not None:
-        when = when.astimezone(datetime.UTC).replace(tzinfo=None)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    offset = when.utcoffset()
+    if offset is not None:  # to UTC, as astimezone(UTC) would
+        when = when.replace(tzinfo=None) - offset
+    if when.year < 1000:  # (isoformat pads the year to 4 digits, strftime's %Y does not)
+        return when.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    return when.isoformat(timespec="microseconds")
 
 
 def is_proxied(svc: Mapping[str, Any], proxy_name: str | None = None) -> bool:
@@ -317,5 +326,7 @@ def endpoints_by_port(
                     old = found.get(key)
                     if old is not None and old.ready:
                         continue
-                    found[key] = Endpoint(ip, number, ready, serving, terminating, node, zone, pod)
+                    found[key] = new_endpoint(
+                        (ip, number, ready, serving, terminating, node, zone, pod)
+                    )
     return [[found[k] for k in sorted(found)] for found in seen]
