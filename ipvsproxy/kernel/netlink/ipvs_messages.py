@@ -90,6 +90,11 @@ _BE16 = struct.Struct("!H")
 # and address family, each attribute header and padding in place: what _dest_full encodes,
 # the same bytes as codec.nested() of codec.attr*() each, in one call.
 _DEST_FULL = struct.Struct("=HH" + "HH16s" + "HH2s2x" + "HHI" * 4 + "HHH2x")
+# A virtual server's address family, protocol, address and port, and its flags (with their
+# mask), timeout and netmask: each attribute header and padding in place, the same bytes as
+# codec.attr*() of each, in one call.
+_SVC_ID = struct.Struct("=HHH2x" + "HHH2x" + "HH16s" + "HH2s2x")
+_SVC_TAIL = struct.Struct("=HHII" + "HHI" + "HHI")
 _REQ_ACK = codec.NLM_F_REQUEST | codec.NLM_F_ACK
 _GENL_HEAD = struct.Struct("=IHHIIBBH")  # nlmsghdr + genlmsghdr, as codec.genl_message packs
 _REQ_DUMP = codec.NLM_F_REQUEST | codec.NLM_F_DUMP
@@ -106,11 +111,22 @@ def _addr16(address: str) -> bytes:
 
 
 def _service_id(key: ServiceKey) -> bytes:
-    return (
-        codec.attr_u16(SVC_AF, _family(key.address))
-        + codec.attr_u16(SVC_PROTOCOL, key.protocol.number)
-        + codec.attr(SVC_ADDR, _addr16(key.address))
-        + codec.attr_be16(SVC_PORT, key.port)
+    """Address family, protocol, address and port (see ``_SVC_ID``)."""
+    address = key.address
+    family = _family(address)
+    return _SVC_ID.pack(
+        6,
+        SVC_AF,
+        family,
+        6,
+        SVC_PROTOCOL,
+        key.protocol.number,
+        20,
+        SVC_ADDR,
+        socket.inet_pton(family, address),  # "16s" pads an IPv4 address with zeros
+        6,
+        SVC_PORT,
+        _BE16.pack(key.port),
     )
 
 
@@ -125,13 +141,19 @@ def _netmask(vs: VirtualServer) -> int:
 
 
 def _service_full(vs: VirtualServer) -> bytes:
-    return (
-        _service_id(vs.key)
-        + codec.attr_str(SVC_SCHED_NAME, vs.scheduler)
-        + codec.attr(SVC_FLAGS, _FLAGS.pack(vs.flags, 0xFFFFFFFF))
-        + codec.attr_u32(SVC_TIMEOUT, vs.timeout)
-        + codec.attr_u32(SVC_NETMASK, _netmask(vs))
+    tail = _SVC_TAIL.pack(
+        12,
+        SVC_FLAGS,
+        vs.flags,
+        0xFFFFFFFF,
+        8,
+        SVC_TIMEOUT,
+        vs.timeout,
+        8,
+        SVC_NETMASK,
+        _netmask(vs),
     )
+    return _service_id(vs.key) + codec.attr_str(SVC_SCHED_NAME, vs.scheduler) + tail
 
 
 def _dest_full(rs: RealServerLike) -> bytes:
