@@ -263,6 +263,32 @@ def refused_address(ip: str) -> str | None:
     return "unspecified" if ip.startswith("0.") else "multicast"
 
 
+# A canonical IPv4 address that ``refused_address`` takes, but for the limited broadcast:
+# first octet 1-223 or 240-255, no leading zeros. Most of what the API sends; one test of it
+# spares the canonical form's and the refusal's (an address per endpoint).
+_TAKEN_IPV4 = re.compile(
+    r"(?:[1-9][0-9]?|1[0-9][0-9]|2[01][0-9]|22[0-3]|24[0-9]|25[0-5])"
+    r"(?:\.(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}"
+).fullmatch
+
+
+def _real_server_ip(addr: Any, skipped: dict[str, str]) -> str | None:
+    """An endpoint's address in canonical form if the kernel takes it as an IPv4 real server;
+    else None, and ``skipped`` says why."""
+    if type(addr) is str and _TAKEN_IPV4(addr) and addr != "255.255.255.255":
+        return addr
+    try:
+        ip = canonical_ip(addr)
+    except ValueError:
+        skipped[f"address {addr!r}"] = "not an IP address in canonical form"
+        return None
+    why = refused_address(ip)
+    if why is not None:
+        skipped[f"address {addr!r}"] = why
+        return None
+    return ip
+
+
 def _port_number(port: Any) -> int | None:
     """A slice port's number when it is one IPVS can take (1..65535), else None."""
     try:
@@ -312,14 +338,8 @@ def endpoints_by_port(
             serving = ready if serving is None else bool(serving)
             terminating = bool(cond.get("terminating"))
             for addr in (addresses or [])[:1]:  # the first address is the one used
-                try:
-                    ip = canonical_ip(addr)
-                except ValueError:
-                    skipped[f"address {addr!r}"] = "not an IP address in canonical form"
-                    continue
-                why = refused_address(ip)
-                if why is not None:
-                    skipped[f"address {addr!r}"] = why
+                ip = _real_server_ip(addr, skipped)
+                if ip is None:
                     continue
                 for found, number in matched:
                     key = (ip, number)
