@@ -244,17 +244,19 @@ class DesiredState:
     def _update_refs(
         refs: Counter[T], old: Collection[T], new: Collection[T], touched: set[T]
     ) -> None:
-        old_set = old if isinstance(old, frozenset | set) else set(old)
-        new_set = new if isinstance(new, frozenset | set) else set(new)
+        new_set = new if isinstance(new, (frozenset, set)) else set(new)
         count = refs.get
-        for item in old_set - new_set:
-            n = count(item, 0) - 1
-            if n <= 0:
-                refs.pop(item, None)
-                touched.add(item)
-            else:
-                refs[item] = n
-        for item in new_set - old_set:
+        if old:
+            old_set = old if isinstance(old, (frozenset, set)) else set(old)
+            for item in old_set - new_set:
+                n = count(item, 0) - 1
+                if n <= 0:
+                    refs.pop(item, None)
+                    touched.add(item)
+                else:
+                    refs[item] = n
+            new_set = new_set - old_set
+        for item in new_set:
             n = count(item, 0)
             if n == 0:
                 touched.add(item)

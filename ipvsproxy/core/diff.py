@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
 from enum import StrEnum
+from functools import partial
 from typing import NamedTuple
 
 from ipvsproxy.core.virtual_servers import (
@@ -49,6 +50,11 @@ class DestOp(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.kind} real server {self.server.key} of {self.service}"
+
+
+# A DestOp from a (kind, service, server) tuple, built in C: a named tuple's own __new__ is a
+# Python function, and a cold sync makes a DestOp per real server.
+new_dest_op = partial(tuple.__new__, DestOp)
 
 
 class MemberOp(NamedTuple):
@@ -93,10 +99,6 @@ def diff_services(
     return ops
 
 
-def _by_key(item: tuple[DestKey, RealServerLike]) -> tuple[str, int]:
-    return item[0].address, item[0].port
-
-
 def diff_dests(
     service: ServiceKey,
     desired: Mapping[DestKey, RealServerLike],
@@ -111,10 +113,10 @@ def diff_dests(
     upstream's (IsRsGracefulTerminationNeeded; the caller clears UDP conntrack entries).
     """
     if not observed:
-        # A new virtual server (all of them, in a cold sync): every real server is added.
-        return [
-            DestOp(OpKind.ADD, service, want) for _, want in sorted(desired.items(), key=_by_key)
-        ]
+        # A new virtual server (all of them, in a cold sync): every real server is added, in
+        # the order of their keys (a DestKey sorts as its (address, port), compared in C).
+        add = OpKind.ADD
+        return [new_dest_op((add, service, desired[key])) for key in sorted(desired)]
     ops: list[DestOp] = []
     for key in sorted(desired.keys() | observed.keys(), key=DEST_ORDER):
         want, have = desired.get(key), observed.get(key)

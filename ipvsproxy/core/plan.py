@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -33,6 +33,7 @@ from ipvsproxy.core.virtual_servers import (
     Protocol,
     ServiceKey,
     VirtualServer,
+    new_dest_key,
 )
 
 SVC_F_SCHED_SH_PORT = 0x0010  # upstream sets it for the mh scheduler
@@ -115,17 +116,15 @@ class _Builder:
         if self._last is not None and self._last[0] is endpoints:
             self.rs[vs.key] = self._last[1]
             return
-        rs = {}
-        for e in endpoints:
-            key = DestKey(e.address, e.port)
-            rs[key] = key  # weight 1, masquerade: see DestKey
+        # Each key is its own value (weight 1, masquerade: see DestKey).
+        rs = {key: key for key in [new_dest_key((e.address, e.port)) for e in endpoints]}
         self._last = (endpoints, rs)
         self.rs[vs.key] = rs
 
     def member(self, set_name: str, entry: str) -> None:
         self.members[set_name].add(entry)
 
-    def build(self) -> ServicePlan:
+    def build(self, warnings: tuple[str, ...] = (), created: str = "") -> ServicePlan:
         frozen: dict[int, Mapping[DestKey, DestKey]] = {}  # one copy of each shared mapping
         real_servers = {}
         for key, rs in self.rs.items():
@@ -139,6 +138,8 @@ class _Builder:
             members=_sealed({k: frozenset(v) for k, v in self.members.items() if v}),
             out_filters=frozenset(self.out_filters),
             no_local_endpoints=self.no_local,
+            warnings=warnings,
+            created=created,
             identity=identities.ServiceIdentity.of(self.ids, self.eps),
         )
 
@@ -287,7 +288,7 @@ def plan_service(
     for sp, endpoints in zip(ports, by_port, strict=True):
         _plan_port(b, sp, endpoints, node, cfg)
     warnings = (_skipped_warning(ports[0].service, skipped),) if skipped else ()
-    return replace(b.build(), warnings=warnings, created=creation_time(svc))
+    return b.build(warnings, creation_time(svc))
 
 
 MAX_NAMED = 10  # a warning names at most this many skipped addresses and ports

@@ -12,6 +12,7 @@ import ipaddress
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 from ipvsproxy.core.virtual_servers import Protocol, canonical_ip
@@ -90,6 +91,11 @@ class Endpoint(NamedTuple):
     pod: str | None = None  # namespace/name of the Pod behind it (targetRef), for status
 
 
+# An Endpoint from the tuple of its fields, built in C: the named tuple's own __new__ is a
+# Python function, and the planner makes an Endpoint per endpoint and port.
+new_endpoint = partial(tuple.__new__, Endpoint)
+
+
 def service_id(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
@@ -107,9 +113,12 @@ def creation_time(obj: Mapping[str, Any]) -> str:
             when = datetime.datetime.fromisoformat(str(value))
         except ValueError:
             return ""
-    if when.tzinfo is not None:
-        when = when.astimezone(datetime.UTC).replace(tzinfo=None)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    offset = when.utcoffset()
+    if offset is not None:  # to UTC, as astimezone(UTC) would
+        when = when.replace(tzinfo=None) - offset
+    if when.year < 1000:  # (isoformat pads the year to 4 digits, strftime's %Y does not)
+        return when.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    return when.isoformat(timespec="microseconds")
 
 
 def is_proxied(svc: Mapping[str, Any], proxy_name: str | None = None) -> bool:
@@ -254,6 +263,32 @@ def refused_address(ip: str) -> str | None:
     return "unspecified" if ip.startswith("0.") else "multicast"
 
 
+# A canonical IPv4 address that ``refused_address`` takes, but for the limited broadcast:
+# first octet 1-223 or 240-255, no leading zeros. Most of what the API sends; one test of it
+# spares the canonical form's and the refusal's (an address per endpoint).
+_TAKEN_IPV4 = re.compile(
+    r"(?:[1-9][0-9]?|1[0-9][0-9]|2[01][0-9]|22[0-3]|24[0-9]|25[0-5])"
+    r"(?:\.(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}"
+).fullmatch
+
+
+def _real_server_ip(addr: Any, skipped: dict[str, str]) -> str | None:
+    """An endpoint's address in canonical form if the kernel takes it as an IPv4 real server;
+    else None, and ``skipped`` says why."""
+    if type(addr) is str and _TAKEN_IPV4(addr) and addr != "255.255.255.255":
+        return addr
+    try:
+        ip = canonical_ip(addr)
+    except ValueError:
+        skipped[f"address {addr!r}"] = "not an IP address in canonical form"
+        return None
+    why = refused_address(ip)
+    if why is not None:
+        skipped[f"address {addr!r}"] = why
+        return None
+    return ip
+
+
 def _port_number(port: Any) -> int | None:
     """A slice port's number when it is one IPVS can take (1..65535), else None."""
     try:
@@ -303,19 +338,15 @@ def endpoints_by_port(
             serving = ready if serving is None else bool(serving)
             terminating = bool(cond.get("terminating"))
             for addr in (addresses or [])[:1]:  # the first address is the one used
-                try:
-                    ip = canonical_ip(addr)
-                except ValueError:
-                    skipped[f"address {addr!r}"] = "not an IP address in canonical form"
-                    continue
-                why = refused_address(ip)
-                if why is not None:
-                    skipped[f"address {addr!r}"] = why
+                ip = _real_server_ip(addr, skipped)
+                if ip is None:
                     continue
                 for found, number in matched:
                     key = (ip, number)
                     old = found.get(key)
                     if old is not None and old.ready:
                         continue
-                    found[key] = Endpoint(ip, number, ready, serving, terminating, node, zone, pod)
+                    found[key] = new_endpoint(
+                        (ip, number, ready, serving, terminating, node, zone, pod)
+                    )
     return [[found[k] for k in sorted(found)] for found in seen]

@@ -12,6 +12,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -148,6 +149,11 @@ class DestKey(NamedTuple):
     @property
     def stats(self) -> DestStats:
         return IDLE
+
+
+# A DestKey from an (address, port) tuple, built in C: a named tuple's own __new__ is a
+# Python function, and the planner makes a key per endpoint and port.
+new_dest_key = partial(tuple.__new__, DestKey)
 
 
 @dataclass(frozen=True, slots=True)

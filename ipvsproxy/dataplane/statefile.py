@@ -247,18 +247,19 @@ class StateFile:
         state.saved()
 
     def render(self, state: State, generation: str = "") -> Iterator[str]:
-        """``json.dumps(state.to_json())`` in pieces, a Service at a time, written as they
-        come: the snapshot is rewritten rarely (at the first sync, then when the journal has
-        grown as large), so nothing of it is kept between writes, and no more than a piece of
-        its text is held at a time."""
+        """``json.dumps(state.to_json())`` in pieces (``SERVICES_PER_PIECE`` Services each),
+        written as they come: the snapshot is rewritten rarely (at the first sync, then when the
+        journal has grown as large), so nothing of it is kept between writes, and no more than a
+        piece of its text is held at a time."""
         head = json.dumps(state.head_json(_PLACEHOLDER, generation))
         before, _, after = head.partition(json.dumps(_PLACEHOLDER))
         yield before
         yield from _servers_text(state.virtual_servers)
         yield after[:-1] + ', "identities": {'
-        for i, service in enumerate(sorted(state.identities)):
-            ident = state.identities[service].to_json()
-            yield (", " if i else "") + json.dumps(service) + ": " + json.dumps(ident)
+        services = sorted(state.identities)
+        for i in range(0, len(services), SERVICES_PER_PIECE):
+            piece = {s: state.identities[s].to_json() for s in services[i : i + SERVICES_PER_PIECE]}
+            yield (", " if i else "") + json.dumps(piece)[1:-1]
         yield "}}"
 
 
@@ -275,6 +276,7 @@ def _servers_text(virtual_servers: set[ServiceKey] | frozenset[ServiceKey]) -> I
 
 
 SERVERS_PER_PIECE = 1000
+SERVICES_PER_PIECE = 100  # identities encoded at a time (one json.dumps each)
 JOURNAL_MIN_BYTES = 64 * 1024  # a small snapshot still gets a journal this long
 
 

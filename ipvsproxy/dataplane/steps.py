@@ -99,6 +99,7 @@ def converge_virtual_servers(
 ) -> None:
     """Converge the virtual servers ``keys`` and their real servers, a chunk at a time."""
     ordered = sorted(keys, key=SERVICE_ORDER)
+    intended = _intend(ordered, desired, obs, state, save_state)
 
     def apply(chunk: list[ServiceKey]) -> int:
         for key in chunk:
@@ -110,14 +111,17 @@ def converge_virtual_servers(
                 # Draining decisions need the kernel's current connection counts.
                 obs.dests[key] = backends.ipvs.dests(key)
         ops = service_ops(desired, chunk, obs.services, obs.dests, owned, expired)
-        created = _intend(ops, state, save_state)
+        created = intended.intersection(chunk)  # first tried now: ours only if created
+        intended.difference_update(created)
         try:
             apply_and_record(backends.ipvs.apply, ops, record)
         except ApplyError as exc:
             blame.refused(ops, exc)
             # Not created: maybe someone else's since (EEXIST), never ours.
             state.virtual_servers.difference_update(
-                k for i, k in created.items() if i in exc.failed
+                op.server.key
+                for op in (ops[i] for i in exc.failed)
+                if type(op) is ServiceOp and op.kind is OpKind.ADD and op.server.key in created
             )
             raise
         return len(ops)
@@ -129,21 +133,21 @@ def converge_virtual_servers(
 
 
 def _intend(
-    ops: list[ServiceOp | DestOp], state: State, save_state: Callable[[], None]
-) -> dict[int, ServiceKey]:
-    """Record the virtual servers ``ops`` create as ours in the state file before the
-    kernel has them (returned by their index in ``ops``): killed between the write and
-    the save, a later run must still know them (a NodePort's address is a node's, not on
-    kube-ipvs0). One never created is forgotten at the next full sync
-    (``observed.adopt_ours``)."""
-    ours = state.virtual_servers
-    created = {
-        i: op.server.key
-        for i, op in enumerate(ops)
-        if type(op) is ServiceOp and op.kind is OpKind.ADD and op.server.key not in ours
-    }
+    ordered: list[ServiceKey],
+    desired: DesiredState,
+    obs: Observed,
+    state: State,
+    save_state: Callable[[], None],
+) -> set[ServiceKey]:
+    """Record the virtual servers that this step creates (wanted, not in the kernel) as ours
+    in the state file before the kernel is asked for any of them, in one save (returned: those
+    not ours before). Killed between the write and the save, a later run must still know them
+    (a NodePort's address is a node's, not on kube-ipvs0); one never created is forgotten at
+    the next full sync (``observed.adopt_ours``)."""
+    ours, want, have = state.virtual_servers, desired.virtual_servers, obs.services
+    created = {k for k in ordered if k in want and k not in have and k not in ours}
     if created:
-        ours.update(created.values())
+        ours.update(created)
         save_state()
     return created
 

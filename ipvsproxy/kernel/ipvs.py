@@ -109,17 +109,18 @@ class IPVS:
         if not ops:
             return 0
         enc, next_seq = self.encoder, self.sock.next_seq
-        requests = []
-        kinds = []
+        requests: list[tuple[int, bytes]] = []
+        kinds: list[str] = []
+        request, kind, new_dest = requests.append, kinds.append, enc.new_dest
         add = OpKind.ADD
         for op in ops:
             seq = next_seq()
             if op.kind is add and type(op) is DestOp:  # most of a cold sync: directly
-                requests.append((seq, enc.new_dest(seq, op.service, op.server)))
-                kinds.append(_ADD_DEST)
+                request((seq, new_dest(seq, op.service, op.server)))
+                kind(_ADD_DEST)
             else:
-                requests.append((seq, encode(enc, seq, op)))
-                kinds.append(_KINDS[op.kind, type(op)])
+                request((seq, encode(enc, seq, op)))
+                kind(_KINDS[op.kind, type(op)])
         outcomes = self.sock.execute(requests)
         return settle_batch(
             kinds, [o.errno for o in outcomes], lambda i: str(ops[i]), self.counters

@@ -9,6 +9,7 @@ import socket
 import struct
 
 from ipvsproxy.core.virtual_servers import (
+    FWD_MASQ,
     DestKey,
     DestStats,
     ObservedDest,
@@ -89,6 +90,11 @@ _BE16 = struct.Struct("!H")
 # and address family, each attribute header and padding in place: what _dest_full encodes,
 # the same bytes as codec.nested() of codec.attr*() each, in one call.
 _DEST_FULL = struct.Struct("=HH" + "HH16s" + "HH2s2x" + "HHI" * 4 + "HHH2x")
+# A virtual server's address family, protocol, address and port, and its flags (with their
+# mask), timeout and netmask: each attribute header and padding in place, the same bytes as
+# codec.attr*() of each, in one call.
+_SVC_ID = struct.Struct("=HHH2x" + "HHH2x" + "HH16s" + "HH2s2x")
+_SVC_TAIL = struct.Struct("=HHII" + "HHI" + "HHI")
 _REQ_ACK = codec.NLM_F_REQUEST | codec.NLM_F_ACK
 _GENL_HEAD = struct.Struct("=IHHIIBBH")  # nlmsghdr + genlmsghdr, as codec.genl_message packs
 _REQ_DUMP = codec.NLM_F_REQUEST | codec.NLM_F_DUMP
@@ -105,11 +111,22 @@ def _addr16(address: str) -> bytes:
 
 
 def _service_id(key: ServiceKey) -> bytes:
-    return (
-        codec.attr_u16(SVC_AF, _family(key.address))
-        + codec.attr_u16(SVC_PROTOCOL, key.protocol.number)
-        + codec.attr(SVC_ADDR, _addr16(key.address))
-        + codec.attr_be16(SVC_PORT, key.port)
+    """Address family, protocol, address and port (see ``_SVC_ID``)."""
+    address = key.address
+    family = _family(address)
+    return _SVC_ID.pack(
+        6,
+        SVC_AF,
+        family,
+        6,
+        SVC_PROTOCOL,
+        key.protocol.number,
+        20,
+        SVC_ADDR,
+        socket.inet_pton(family, address),  # "16s" pads an IPv4 address with zeros
+        6,
+        SVC_PORT,
+        _BE16.pack(key.port),
     )
 
 
@@ -124,18 +141,27 @@ def _netmask(vs: VirtualServer) -> int:
 
 
 def _service_full(vs: VirtualServer) -> bytes:
-    return (
-        _service_id(vs.key)
-        + codec.attr_str(SVC_SCHED_NAME, vs.scheduler)
-        + codec.attr(SVC_FLAGS, _FLAGS.pack(vs.flags, 0xFFFFFFFF))
-        + codec.attr_u32(SVC_TIMEOUT, vs.timeout)
-        + codec.attr_u32(SVC_NETMASK, _netmask(vs))
+    tail = _SVC_TAIL.pack(
+        12,
+        SVC_FLAGS,
+        vs.flags,
+        0xFFFFFFFF,
+        8,
+        SVC_TIMEOUT,
+        vs.timeout,
+        8,
+        SVC_NETMASK,
+        _netmask(vs),
     )
+    return _service_id(vs.key) + codec.attr_str(SVC_SCHED_NAME, vs.scheduler) + tail
 
 
 def _dest_full(rs: RealServerLike) -> bytes:
     """A nested destination attribute with every setting (see ``_DEST_FULL``)."""
-    addr, port = rs.key
+    if type(rs) is DestKey:  # the planner's: weight 1, masquerade, read without properties
+        (addr, port), fwd_method, weight = rs, FWD_MASQ, 1
+    else:
+        (addr, port), fwd_method, weight = rs.key, rs.fwd_method, rs.weight
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     return _DEST_FULL.pack(
         _DEST_FULL.size,
@@ -148,10 +174,10 @@ def _dest_full(rs: RealServerLike) -> bytes:
         _BE16.pack(port),
         8,
         DEST_FWD_METHOD,
-        rs.fwd_method,
+        fwd_method,
         8,
         DEST_WEIGHT,
-        rs.weight,
+        weight,
         8,
         DEST_U_THRESH,
         0,
@@ -196,10 +222,10 @@ class Encoder:
         """The hot path of a cold sync (one per real server): what ``_msg`` would build, with
         its calls folded in; the same bytes."""
         svc = self._svc_attr if key is self._svc_key else self._service_attr(key)
-        body = svc + _dest_full(rs)
+        dest = _dest_full(rs)
         return (
             _GENL_HEAD.pack(
-                codec.HEADER_LEN + len(body),
+                codec.HEADER_LEN + len(svc) + len(dest),
                 self.family_id,
                 _REQ_ACK,
                 seq,
@@ -208,7 +234,8 @@ class Encoder:
                 GENL_VERSION,
                 0,
             )
-            + body
+            + svc
+            + dest
         )
 
     def set_dest(self, seq: int, key: ServiceKey, rs: RealServerLike) -> bytes:
