@@ -56,14 +56,16 @@ fmt: setup
 demo: setup
 	$(PY) -m lab demo
 
-# Host benchmark, then the kernel benchmark in one lab guest boot (about half an hour);
-# results under bench-results/. BENCH_ARGS=--host-only skips the kernel lab.
+# Host benchmark; then in the kernel lab ipvsproxy beside kube-proxy (IPVS) and kube-router
+# (bench/peers.py, one guest boot: hours at the default 1,000 and 5,000 x 10 with 3 runs) and
+# against the C tools (bench/kernel.py, another boot); results under bench-results/.
+# BENCH_ARGS=--host-only skips the lab, --no-peers the side-by-side run.
 BENCH_ARGS ?=
 bench: setup
 	$(PY) -m bench $(BENCH_ARGS)
 
-# One endpoint change against cluster size: ipvsproxy incremental, forced full resync, the C
-# tools reloading the state; the chart goes to docs/bench-scaling.png (about 20 minutes).
+# One endpoint change against cluster size for ipvsproxy, kube-proxy (IPVS) and kube-router;
+# the chart goes to docs/bench-scaling.png.
 SCALING_SIZES ?= 500x10,1000x10,2000x10,5000x10
 bench-scaling: setup
 	$(PY) -m bench --scaling $(SCALING_SIZES)

@@ -1,5 +1,7 @@
-"""``make bench`` (``python -m bench``): the host benchmark here, the kernel benchmark in one lab
-guest boot, one table, written as Markdown and JSON under ``bench-results/`` (not committed).
+"""``make bench`` (``python -m bench``): the host benchmark here; in the kernel lab, ipvsproxy
+beside upstream kube-proxy (IPVS mode) and kube-router (``bench.peers``, one guest boot) and
+against the C tools loading the same state (``bench.kernel``, another); one report, written as
+Markdown and JSON under ``bench-results/`` (not committed).
 
 Times in the kernel part come from a User-Mode Linux kernel, where every system call is slow:
 the ratios of two runs made in the same boot, alternating, are the comparable figures, not the
@@ -16,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import chart, host
+from bench import chart, host, peers_report
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench-results"
@@ -28,18 +30,26 @@ CHANGE_SPEEDUP_TARGET = 100.0
 RSS_TARGET_MIB = 200  # the issue says MB: MiB are compared as 1.048576 MB each
 
 
-def run_kernel(bench_args: list[str], out: Path) -> dict[str, Any]:
-    """bench.kernel in one guest boot; its JSON comes back through a file on the shared root."""
-    # 3 GiB: the guest holds the API server's copy of the cluster, the daemon and the kernel's
+def run_kernel(
+    bench_args: list[str], out: Path, module: str = "bench.kernel", timeout: int = 5400
+) -> dict[str, Any]:
+    """``module`` in one guest boot; its JSON comes back through a file on the shared root."""
+    # 4 GiB: the guest holds the API server's copy of the cluster, the proxy and the kernel's
     # tables at once (in the default 1 GiB guest the 10,000 x 10 daemon was gone after its
     # first sync).
-    cmd = [sys.executable, "-m", "lab", "run", "--timeout", "5400", "--mem", "3G", "--"]
-    cmd += ["python", "-m", "bench.kernel", *bench_args, "--output", str(out)]
+    cmd = [sys.executable, "-m", "lab", "run", "--timeout", str(timeout), "--mem", "4G", "--"]
+    cmd += ["python", "-m", module, *bench_args, "--output", str(out)]
     proc = subprocess.run(cmd, cwd=REPO)  # its progress lines show as they come
     if proc.returncode != 0 or not out.exists():
-        raise SystemExit(f"bench: the kernel benchmark failed (exit status {proc.returncode})")
+        raise SystemExit(f"bench: {module} failed (exit status {proc.returncode})")
     result: dict[str, Any] = json.loads(out.read_text())
     return result
+
+
+def run_peers(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    peer_args = ["--sizes", args.peers, "--runs", str(args.peer_runs)]
+    peer_args += ["--changes", str(args.peer_changes), "--steady", str(args.steady)]
+    return run_kernel(peer_args, out, "bench.peers", timeout=6 * 3600)
 
 
 def kernel_rows(k: dict[str, Any]) -> list[str]:
@@ -97,6 +107,8 @@ def targets(h: dict[str, Any], k: dict[str, Any] | None) -> list[str]:
         f"(<= 10): {mark(t['cold_per_real_server_under_10us'])}",
         f"- planner, one endpoint change: {t['change_planner_us']:.0f} us (< 1 ms): "
         f"{mark(t['change_under_1ms'])}",
+        f"- one endpoint change end to end (plan, diff, encode, state save): "
+        f"{t['change_total_us']:.0f} us (< 1 ms): {mark(t['change_total_under_1ms'])}",
     ]
     if k is None:
         return lines
@@ -126,29 +138,41 @@ def targets(h: dict[str, Any], k: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def report(h: dict[str, Any], k: dict[str, Any] | None) -> str:
+def report(h: dict[str, Any], k: dict[str, Any] | None, p: dict[str, Any] | None = None) -> str:
     lines = ["# ipvsproxy benchmark", "", "```", host.table(h), "```", ""]
+    if p is not None:
+        lines += [
+            "## Beside kube-proxy (IPVS mode) and kube-router, in the kernel lab",
+            "",
+            "User-Mode Linux: compare ratios, not times. Median of the runs (range).",
+            "",
+            *peers_report.report(p),
+        ]
     if k is not None:
-        lines += ["## In the kernel lab (User-Mode Linux: compare ratios, not times)", ""]
+        lines += ["## Against the C tools, in the kernel lab", ""]
         lines += [*kernel_rows(k), ""]
-    lines += ["## Targets (issue 6)", "", *targets(h, k)]
+    lines += ["## Host and C-tools targets", "", *targets(h, k)]
     return "\n".join(lines) + "\n"
 
 
 def scaling(sizes: str, stamp: str) -> int:
-    """One endpoint change at each size; the table, and the chart the README shows."""
+    """One endpoint change at each size for all three systems: the table, and the chart the
+    README shows."""
     print(f"bench: scaling run ({sizes})", flush=True)
-    points = run_kernel(["--scaling", sizes], RESULTS / f"scaling-{stamp}.json")["scaling"]
+    scaling_args = ["--sizes", sizes, "--runs", "1", "--changes", "10", "--kinds", "endpoint"]
+    scaling_args += ["--steady", "0", "--no-restart"]
+    data = run_kernel(
+        scaling_args, RESULTS / f"scaling-{stamp}.json", "bench.peers", timeout=6 * 3600
+    )
+    points = peers_report.scaling_points(data)
+    systems = [s for s in peers_report.SYSTEMS if all(s in p for p in points)]
     lines = [
-        "| Services x endpoints | one endpoint change, incremental | forced full resync | "
-        "C tools reloading the state |",
-        "| --- | --- | --- | --- |",
+        "| Services x endpoints | " + " | ".join(systems) + " |",
+        "| --- |" + " --- |" * len(systems),
     ]
     for p in points:
-        lines.append(
-            f"| {p['services']:,} x {p['endpoints']} | {p['incremental_s'] * 1e3:.1f} ms | "
-            f"{p['full_resync_s']:.2f} s | {p['c_tools_reload_s']:.1f} s |"
-        )
+        cells = " | ".join(f"{p[s] * 1e3:,.1f} ms" for s in systems)
+        lines.append(f"| {p['services']:,} x {p['endpoints']} | {cells} |")
     text = "\n".join(lines) + "\n"
     (RESULTS / f"scaling-{stamp}.md").write_text(text)
     title = "One endpoint change vs cluster size (User-Mode Linux kernel, 2 cores)"
@@ -167,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", default="5000x10", help="kernel one-change and restart size")
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--memory", default="5000x10,10000x10", help="peak RSS sizes")
+    p.add_argument("--peers", default="1000x10,5000x10", help="side-by-side sizes")
+    p.add_argument("--peer-runs", type=int, default=3)
+    p.add_argument("--peer-changes", type=int, default=20, help="changes of each kind per run")
+    p.add_argument("--steady", type=float, default=60.0, help="steady-state window, seconds")
+    p.add_argument("--no-peers", action="store_true", help="skip the side-by-side run")
     p.add_argument("--host-only", action="store_true", help="skip the kernel lab")
     p.add_argument(
         "--scaling",
@@ -180,15 +209,19 @@ def main(argv: list[str] | None = None) -> int:
         return scaling(args.scaling, stamp)
     print(f"bench: host benchmark at {args.services:,} x {args.endpoints}", flush=True)
     h = host.run(args.services, args.endpoints)
-    k = None
+    k = peer_result = None
+    if not args.host_only and not args.no_peers:
+        print(f"bench: beside kube-proxy and kube-router ({args.peers})", flush=True)
+        peer_result = run_peers(args, RESULTS / f"peers-{stamp}.json")
     if not args.host_only:
         print(f"bench: kernel benchmark ({args.sizes}; {args.scale})", flush=True)
         bench_args = ["--sizes", args.sizes, "--scale", args.scale, "--pairs", str(args.pairs)]
         bench_args += ["--memory", args.memory]
         k = run_kernel(bench_args, RESULTS / f"kernel-{stamp}.json")
-    text = report(h, k)
+    text = report(h, k, peer_result)
     (RESULTS / f"bench-{stamp}.md").write_text(text)
-    (RESULTS / f"bench-{stamp}.json").write_text(json.dumps({"host": h, "kernel": k}, indent=2))
+    everything = {"host": h, "kernel": k, "peers": peer_result}
+    (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(everything, indent=2))
     print(text)
     print(f"bench: written to {RESULTS}/bench-{stamp}.md and .json")
     return 0

@@ -20,7 +20,8 @@ trash list left by the run before) and, in turn:
 - **restart**: an established connection through ``conn``, SIGTERM, a new Service created
   while the proxy is down, a new proxy started: the time until the kernel shows the new Service
   (a full first sync has run), what changed in the IPVS table, ipsets and iptables rules
-  otherwise, and whether the connection still answers;
+  otherwise, and whether the connection still answers; for ipvsproxy, also its own count of
+  kernel writes in one more restart with nothing changed;
 - **peak RSS** (VmHWM) of the process over the run.
 
 Runs alternate between the systems (a different one first each round). Every proxy gets the
@@ -53,12 +54,13 @@ from lab.net import netns
 from lab.net.topology import Cluster
 
 SYSTEMS = ("ipvsproxy", "kube-proxy", "kube-router")
+KIND_NAMES = ("endpoint", "readiness", "service")  # change_pairs' kinds 0, 1, 2
 NS = synthetic.NAMESPACE
 CONN_IP = "10.96.0.10"
 CONN_PORT = 80
 ECHO_PORT = 8080
 NEW_SERVICE_BASE = 20_000  # indices of the Services a change adds (past any cluster size)
-SENTINEL_INDEX = 30_000
+SENTINEL_IP = "10.96.0.11"
 METRICS = "127.0.0.1:10249"
 ADD_ADDRESS = "10.244.255.254"  # the endpoint a change adds: outside every synthetic Service
 SERVICES = f"/api/v1/namespaces/{NS}/services"
@@ -227,6 +229,19 @@ def start(system: str, node: str, ns: str, ids: Identities, workdir: Path) -> pe
     return peers.Peer("ipvsproxy", ns, argv, workdir)
 
 
+def last_sync(ns: str) -> float:
+    """ipvsproxy's kubeproxy_sync_proxy_rules_last_timestamp_seconds (0 before its first
+    sync has run to its end; -1 while it does not answer yet)."""
+    try:
+        _, text = http_get_from(ns, f"http://{METRICS}/metrics")
+    except OSError:
+        return -1.0
+    for line in text.splitlines():
+        if line.startswith("kubeproxy_sync_proxy_rules_last_timestamp_seconds "):
+            return float(line.split()[-1])
+    return -1.0
+
+
 def ipvsproxy_writes(ns: str) -> int:
     """ipvsproxy's own count of kernel write operations since it started."""
     _, text = http_get_from(ns, f"http://{METRICS}/metrics")
@@ -329,12 +344,13 @@ def change_pairs(api: API, e: Entry, kind: int, endpoints: int) -> list[Change]:
 
 
 def run_changes(
-    api: API, cluster: Objects, pid: int, prober: Prober, rounds: int
+    api: API, cluster: Objects, pid: int, prober: Prober, rounds: int, kinds: Sequence[int]
 ) -> dict[str, list[list[float]]]:
-    """``rounds`` changes of each kind, each on its own Service: [seconds, CPU seconds]."""
+    """``rounds`` changes of each of ``kinds`` (and their undoing), each on its own Service:
+    [seconds, CPU seconds] by the change's name."""
     out: dict[str, list[list[float]]] = {}
     n = len(cluster.entries)
-    for kind in range(3):
+    for kind in kinds:
         for i in range(rounds):
             e = cluster.entries[(kind * rounds + i) * max(1, n // (3 * rounds)) % n]
             for change in change_pairs(api, e, kind, cluster.endpoints):
@@ -396,13 +412,16 @@ def one_run(
         result["virtual_servers"] = len(table)
         result["real_servers"] = sum(len(d) for d in table.values())
         progress(f"{system}: cold start {result['cold_s']:.1f} s")
-        result["changes"] = run_changes(api, cluster, pid, prober, args.changes)
+        result["changes"] = run_changes(api, cluster, pid, prober, args.changes, args.kinds)
         progress(f"{system}: changes done")
         if args.steady > 0:
             result["steady"] = steady(api, cluster, pid, args.steady)
         result["peak_rss_mib"] = proc.peak_rss_mib(pid)
-        peer, result["restart"] = restart(system, peer, cluster, api, ids, node, prober, workdir)
-        result["peak_rss_mib"] = max(result["peak_rss_mib"], proc.peak_rss_mib(peer.proc.pid))
+        if args.restart:
+            peer, result["restart"] = restart(
+                system, peer, cluster, api, ids, node, prober, workdir
+            )
+            result["peak_rss_mib"] = max(result["peak_rss_mib"], proc.peak_rss_mib(peer.proc.pid))
         if not peer.running():
             raise RuntimeError(f"{system} exited:\n{peer.logs()}")
         return result
@@ -415,6 +434,30 @@ def one_run(
         time.sleep(args.settle)  # the old namespace's tables go in the background
 
 
+def sentinel_entry(endpoints: int) -> Entry:
+    """The Service a restart must program: one port, its endpoints on another node (no
+    loopback ipset entries), an address no other Service has."""
+    svc = {
+        "metadata": {"name": "sentinel", "labels": {}},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": SENTINEL_IP,
+            "selector": {"app": "sentinel"},
+            "ports": [{"name": "web", "protocol": "TCP", "port": 80}],
+        },
+    }
+    eps = [
+        {"addresses": [f"10.250.0.{j + 1}"], "conditions": {"ready": True}, "nodeName": "node-2"}
+        for j in range(endpoints)
+    ]
+    sl = {
+        "metadata": {"labels": {"kubernetes.io/service-name": "sentinel"}},
+        "endpoints": eps,
+        "ports": [{"name": "web", "protocol": "TCP", "port": 8080}],
+    }
+    return Entry(-2, svc, sl)
+
+
 def restart(
     system: str,
     peer: peers.Peer,
@@ -425,6 +468,8 @@ def restart(
     prober: Prober,
     workdir: Path,
 ) -> tuple[peers.Peer, dict[str, Any]]:
+    """A restart with a new Service to program (the sign that a first full sync has run);
+    for ipvsproxy also a second restart with nothing changed, for its own write count."""
     ns = node.netns
     out: dict[str, Any] = {}
     session: netns.TCPSession | None = None
@@ -437,23 +482,20 @@ def restart(
     peer.stop()
     table = kernel_view.ipvs_table(ns)
     text = kernel_view.text_state(ns)
-    sentinel = entry(SENTINEL_INDEX, cluster.endpoints)
+    sentinel = sentinel_entry(cluster.endpoints)
     api.create(sentinel)
     try:
         began = time.monotonic()
         peer = start(system, node.name, ns, ids, workdir)
-        seen = poll(lambda: prober.active(sentinel.vs) == sentinel.dests(), 600, "restart")
+        seen = poll(lambda: prober.active(sentinel.vs) == sentinel.dests(), 1800, "restart")
         out["converge_s"] = seen - began
         proc.wait_idle(peer.proc.pid)
         after = kernel_view.ipvs_table(ns)
         after_text = kernel_view.text_state(ns)
-        ignore = {sentinel.svc["spec"]["clusterIP"]}
-        out["ipvs_changed"] = len(list(kernel_view.changed(table, after, ignore)))
+        out["ipvs_changed"] = len(list(kernel_view.changed(table, after, {SENTINEL_IP})))
         for name in ("ipset", "iptables"):
             diff = text[name] ^ after_text[name]
-            out[f"{name}_changed"] = len([ln for ln in diff if not any(a in ln for a in ignore)])
-        if system == "ipvsproxy":
-            out["own_writes"] = ipvsproxy_writes(ns)
+            out[f"{name}_changed"] = len([ln for ln in diff if SENTINEL_IP not in ln])
         if session is not None and first is not None:
             try:
                 out["connection"] = (
@@ -461,6 +503,12 @@ def restart(
                 )
             except OSError as exc:
                 out["connection"] = f"broken: {exc}"
+        if system == "ipvsproxy":
+            peer.stop()
+            peer = start(system, node.name, ns, ids, workdir)
+            poll(lambda: last_sync(ns) > 0, 1800, "ipvsproxy's first sync")
+            proc.wait_idle(peer.proc.pid)
+            out["own_writes"] = ipvsproxy_writes(ns)
         return peer, out
     finally:
         if session is not None:
@@ -536,7 +584,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--changes", type=int, default=20, help="changes of each kind per run")
+    p.add_argument(
+        "--kinds",
+        default=",".join(KIND_NAMES),
+        help="which changes: endpoint (added, removed), readiness, service (added, deleted)",
+    )
     p.add_argument("--steady", type=float, default=60.0, help="steady-state window, seconds")
+    p.add_argument("--no-restart", dest="restart", action="store_false")
     p.add_argument("--timeout", type=float, default=1800.0, help="cold start limit, seconds")
     p.add_argument("--settle", type=float, default=5.0)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/bench-peers"))
@@ -546,6 +600,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = set(args.systems) - set(SYSTEMS)
     if unknown:
         p.error(f"unknown systems: {sorted(unknown)}")
+    kinds = args.kinds.split(",")
+    if set(kinds) - set(KIND_NAMES):
+        p.error(f"unknown kinds: {sorted(set(kinds) - set(KIND_NAMES))}")
+    args.kinds = [KIND_NAMES.index(k) for k in kinds]
     result = measure(args, args.workdir)
     args.output.write_text(json.dumps(result, indent=2))
     return 0

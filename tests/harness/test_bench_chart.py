@@ -15,15 +15,15 @@ def points() -> list[dict[str, float]]:
         {
             "services": s,
             "endpoints": 10,
-            "incremental_s": 0.004 + s * 1e-7,
-            "full_resync_s": s * 1e-3,
-            "c_tools_reload_s": s * 5e-2,
+            "ipvsproxy": 0.004 + s * 1e-7,
+            "kube-proxy": s * 1e-3,
+            "kube-router": s * 5e-2,
         }
         for s in (500, 1000, 2000, 5000)
     ]
 
 
-def test_a_png_of_the_three_series(tmp_path: Path) -> None:
+def test_a_png_of_the_three_systems(tmp_path: Path) -> None:
     out = chart.draw(points(), tmp_path / "sub" / "scaling.png", "test")
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"

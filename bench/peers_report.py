@@ -1,0 +1,186 @@
+"""The side-by-side tables from ``bench.peers``'s JSON (pure: no I/O), and the issue's targets
+as ratios of ipvsproxy to each peer measured in the same guest boot."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+SYSTEMS = ("ipvsproxy", "kube-proxy", "kube-router")
+PEERS = SYSTEMS[1:]
+ENDPOINT_KINDS = (
+    "endpoint added",
+    "endpoint removed",
+    "endpoint not ready",
+    "endpoint ready again",
+)
+KINDS = (*ENDPOINT_KINDS, "service added", "service deleted")
+# (number, what, target ratio ipvsproxy / peer) at the largest size
+TARGETS = (
+    (1, "one endpoint change, latency (median)", 0.01),
+    (2, "one endpoint change, proxy CPU (mean)", 0.02),
+    (3, "cold start", 0.2),
+    (4, "peak RSS", 1.0),
+)
+
+
+def p95(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def _changes(runs: Sequence[dict[str, Any]], kinds: Iterable[str]) -> list[list[float]]:
+    wanted = set(kinds)
+    return [c for r in runs for k, cs in r["changes"].items() if k in wanted for c in cs]
+
+
+def latency(runs: Sequence[dict[str, Any]], kinds: Iterable[str]) -> tuple[float, float]:
+    """Median and p95 seconds from the API write to the kernel, over every change of ``kinds``
+    in every run."""
+    seconds = [c[0] for c in _changes(runs, kinds)]
+    return statistics.median(seconds), p95(seconds)
+
+
+def change_cpu(runs: Sequence[dict[str, Any]], kinds: Iterable[str]) -> float:
+    """Mean CPU seconds per change: the lab kernel counts CPU in 10 ms ticks, so one change's
+    figure is 0 or a tick; the mean over many is the measure."""
+    cpu = [c[1] for c in _changes(runs, kinds)]
+    return sum(cpu) / len(cpu)
+
+
+def per_run(runs: Sequence[dict[str, Any]], key: str, sub: str | None = None) -> list[float]:
+    out = []
+    for r in runs:
+        value = r.get(key)
+        if sub is not None and isinstance(value, dict):
+            value = value.get(sub)
+        if isinstance(value, int | float):
+            out.append(float(value))
+    return out
+
+
+def spread(values: Sequence[float], fmt: str = "{:.2f}", unit: str = "") -> str:
+    """The median, and the range when there is more than one run."""
+    if not values:
+        return "-"
+    text = fmt.format(statistics.median(values)) + unit
+    if len(values) > 1:
+        text += f" ({fmt.format(min(values))}-{fmt.format(max(values))})"
+    return text
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.0f} ms" if seconds >= 0.1 else f"{seconds * 1e3:.1f} ms"
+
+
+def size_table(size: dict[str, Any]) -> list[str]:
+    """One table: a row per measure, a column per system."""
+    systems = list(size["runs"])
+    runs = size["runs"]
+    rows = [
+        f"| {size['services']:,} x {size['endpoints']} | " + " | ".join(systems) + " |",
+        "| --- |" + " --- |" * len(systems),
+    ]
+
+    def row(label: str, cells: Iterable[str]) -> None:
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    row("virtual / real servers", (
+        f"{spread(per_run(runs[s], 'virtual_servers'), '{:,.0f}')} / "
+        f"{spread(per_run(runs[s], 'real_servers'), '{:,.0f}')}" for s in systems
+    ))  # fmt: skip
+    row("cold start", (spread(per_run(runs[s], "cold_s"), unit=" s") for s in systems))
+    row(
+        "cold start, proxy CPU",
+        (spread(per_run(runs[s], "cold_cpu_s"), unit=" s") for s in systems),
+    )
+    for kind in KINDS:
+        row(f"{kind}: latency median (p95)", (
+            "{} ({})".format(*(_ms(x) for x in latency(runs[s], [kind]))) for s in systems
+        ))  # fmt: skip
+    row("one endpoint change, proxy CPU (mean)", (
+        _ms(change_cpu(runs[s], ENDPOINT_KINDS)) for s in systems
+    ))  # fmt: skip
+    row("Service added or deleted, proxy CPU (mean)", (
+        _ms(change_cpu(runs[s], KINDS[4:])) for s in systems
+    ))  # fmt: skip
+    for sub, label in (("idle_cpu_s_per_min", "idle"), ("busy_cpu_s_per_min", "1 change/s")):
+        row(f"steady CPU, {label}", (
+            spread(per_run(runs[s], "steady", sub), unit=" s/min") for s in systems
+        ))  # fmt: skip
+    row("peak RSS", (spread(per_run(runs[s], "peak_rss_mib"), "{:.0f}", " MiB") for s in systems))
+    row("restart: converged", (
+        spread(per_run(runs[s], "restart", "converge_s"), unit=" s") for s in systems
+    ))  # fmt: skip
+    row("restart: IPVS / ipset / iptables lines changed", (
+        " / ".join(spread(per_run(runs[s], "restart", f"{k}_changed"), "{:.0f}")
+                   for k in ("ipvs", "ipset", "iptables")) for s in systems
+    ))  # fmt: skip
+    row("restart: kernel writes (own count)", (
+        spread(per_run(runs[s], "restart", "own_writes"), "{:.0f}") for s in systems
+    ))  # fmt: skip
+    row("restart: established connection", (
+        ", ".join(sorted({str(r["restart"].get("connection")) for r in runs[s]})) for s in systems
+    ))  # fmt: skip
+    return rows
+
+
+def ratios(size: dict[str, Any], peer: str) -> dict[int, float]:
+    """Target number -> ipvsproxy's figure over ``peer``'s, at this size."""
+    ours, theirs = size["runs"]["ipvsproxy"], size["runs"][peer]
+
+    def median_of(runs: Sequence[dict[str, Any]], key: str) -> float:
+        return statistics.median(per_run(runs, key))
+
+    return {
+        1: latency(ours, ENDPOINT_KINDS)[0] / latency(theirs, ENDPOINT_KINDS)[0],
+        2: _ratio(change_cpu(ours, ENDPOINT_KINDS), change_cpu(theirs, ENDPOINT_KINDS)),
+        3: median_of(ours, "cold_s") / median_of(theirs, "cold_s"),
+        4: median_of(ours, "peak_rss_mib") / median_of(theirs, "peak_rss_mib"),
+    }
+
+
+def _ratio(ours: float, theirs: float) -> float:
+    return ours / theirs if theirs > 0 else float("inf")
+
+
+def targets_table(size: dict[str, Any]) -> list[str]:
+    peers = [p for p in PEERS if p in size["runs"]]
+    rows = [
+        f"| # | at {size['services']:,} x {size['endpoints']}: ipvsproxy / peer | target | "
+        + " | ".join(peers)
+        + " |",
+        "| --- | --- | --- |" + " --- |" * len(peers),
+    ]
+    by_peer = {p: ratios(size, p) for p in peers}
+    for number, what, target in TARGETS:
+        cells = []
+        for p in peers:
+            value = by_peer[p][number]
+            verdict = "met" if value <= target else "**missed**"
+            cells.append(f"{value:.3f} ({verdict})")
+        rows.append(f"| {number} | {what} | <= {target} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def scaling_points(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """For the chart: per size, each system's median one-endpoint-change latency."""
+    return [
+        {
+            "services": size["services"],
+            "endpoints": size["endpoints"],
+            **{s: latency(runs, ENDPOINT_KINDS)[0] for s, runs in size["runs"].items()},
+        }
+        for size in data["sizes"]
+    ]
+
+
+def report(data: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for size in data["sizes"]:
+        lines += [*size_table(size), ""]
+    largest = max(data["sizes"], key=lambda s: s["services"])
+    if "ipvsproxy" in largest["runs"] and any(p in largest["runs"] for p in PEERS):
+        lines += [*targets_table(largest), ""]
+    return lines
