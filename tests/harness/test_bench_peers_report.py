@@ -1,0 +1,105 @@
+"""The side-by-side report is computed from bench.peers's JSON as it says (medians, p95, mean
+CPU per change, ratios against each peer), and /proc/net/ip_vs is read as the kernel writes it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench import kernel_view, peers_report
+
+
+def run(latency: float, cpu: float, cold: float, rss: float) -> dict[str, Any]:
+    changes = {
+        kind: [[latency * (1 + i / 20), cpu] for i in range(20)] for kind in peers_report.KINDS
+    }
+    return {
+        "virtual_servers": 10,
+        "real_servers": 100,
+        "cold_s": cold,
+        "cold_cpu_s": cold / 2,
+        "changes": changes,
+        "steady": {"idle_cpu_s_per_min": 0.5, "busy_cpu_s_per_min": 2.0},
+        "peak_rss_mib": rss,
+        "restart": {"converge_s": 1.0, "ipvs_changed": 0, "connection": "survived"},
+    }
+
+
+def data() -> dict[str, Any]:
+    return {
+        "sizes": [
+            {
+                "services": 5000,
+                "endpoints": 10,
+                "runs": {
+                    "ipvsproxy": [run(0.01, 0.001, 10, 100), run(0.03, 0.003, 12, 110)],
+                    "kube-proxy": [run(2.0, 1.0, 100, 80), run(2.0, 1.0, 100, 80)],
+                    "kube-router": [run(0.5, 0.5, 50, 120), run(0.5, 0.5, 50, 120)],
+                },
+            }
+        ]
+    }
+
+
+def test_latency_is_the_median_and_p95_over_every_change_of_the_kinds() -> None:
+    runs = data()["sizes"][0]["runs"]["kube-proxy"]
+    median, p95 = peers_report.latency(runs, ["endpoint added"])
+    # 40 values: 2.0 x (1.0, 1.05 .. 1.95), each twice; the p95 is the 38th
+    assert median == pytest.approx(2.0 * 1.475)
+    assert p95 == pytest.approx(2.0 * 1.9)
+
+
+def test_ratios_are_ipvsproxy_over_the_peer() -> None:
+    size = data()["sizes"][0]
+    r = peers_report.ratios(size, "kube-proxy")
+    ours = peers_report.latency(size["runs"]["ipvsproxy"], peers_report.ENDPOINT_KINDS)[0]
+    assert r[1] == pytest.approx(ours / (2.0 * 1.475))
+    assert r[2] == pytest.approx(0.002 / 1.0)
+    assert r[3] == pytest.approx(11 / 100)
+    assert r[4] == pytest.approx(105 / 80)
+
+
+def test_the_targets_table_says_met_or_missed_against_each_peer() -> None:
+    rows = peers_report.targets_table(data()["sizes"][0])
+    assert rows[0].endswith("| kube-proxy | kube-router |")
+    cold = next(r for r in rows if r.startswith("| 3 |"))
+    assert "0.110 (met)" in cold and "0.220 (**missed**)" in cold
+    rss = next(r for r in rows if r.startswith("| 4 |"))
+    assert "1.312 (**missed**)" in rss and "0.875 (met)" in rss
+
+
+def test_the_size_table_has_a_column_per_system_and_ranges_over_runs() -> None:
+    rows = peers_report.size_table(data()["sizes"][0])
+    assert rows[0] == "| 5,000 x 10 | ipvsproxy | kube-proxy | kube-router |"
+    cold = next(r for r in rows if r.startswith("| cold start |"))
+    assert "11.00 s (10.00-12.00)" in cold
+
+
+def test_scaling_points_give_each_system_its_median_endpoint_change() -> None:
+    (point,) = peers_report.scaling_points(data())
+    assert point["services"] == 5000
+    assert set(point) == {"services", "endpoints", "ipvsproxy", "kube-proxy", "kube-router"}
+
+
+PROC_IP_VS = """IP Virtual Server version 1.2.1 (size=4096)
+Prot LocalAddress:Port Scheduler Flags
+  -> RemoteAddress:Port Forward Weight ActiveConn InActConn
+TCP  0A600010:0050 rr
+  -> 0AF40001:2774      Masq    1      0          0
+  -> 0AF40002:2774      Masq    0      3          0
+UDP  0A600011:0035 rr
+"""
+
+
+def test_proc_ip_vs_is_parsed_with_weights() -> None:
+    table = kernel_view.parse_ip_vs(PROC_IP_VS)
+    assert table == {
+        ("TCP", "10.96.0.16", 80): {("10.244.0.1", 10100): 1, ("10.244.0.2", 10100): 0},
+        ("UDP", "10.96.0.17", 53): {},
+    }
+    after = {**table, ("TCP", "10.96.0.16", 80): {("10.244.0.1", 10100): 1}}
+    assert list(kernel_view.changed(table, after, set())) == [
+        "~ ('TCP', '10.96.0.16', 80) ('10.244.0.2', 10100): 0 -> None"
+    ]
+    assert list(kernel_view.changed(table, after, {"10.96.0.16"})) == []
