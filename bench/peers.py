@@ -273,16 +273,22 @@ def poll(check: Callable[[], bool], timeout: float, what: str) -> float:
             delay = 0.1
 
 
-def all_programmed(ns: str, expected: dict[VSKey, set[Dest]]) -> Callable[[], bool]:
-    def check() -> bool:
-        table = kernel_view.ipvs_table(ns)
-        for vs, dests in expected.items():
-            have = table.get(vs)
-            if have is None or any(have.get(d, 0) <= 0 for d in dests):
-                return False
-        return True
+def missing(ns: str, expected: dict[VSKey, set[Dest]]) -> list[VSKey]:
+    """The expected virtual servers the kernel does not hold with all their real servers."""
+    table = kernel_view.ipvs_table(ns)
+    out = []
+    for vs, dests in expected.items():
+        have = table.get(vs)
+        if have is None or any(have.get(d, 0) <= 0 for d in dests):
+            out.append(vs)
+    return out
 
-    return check
+
+def wait_programmed(ns: str, expected: dict[VSKey, set[Dest]], timeout: float) -> float:
+    try:
+        return poll(lambda: not missing(ns, expected), timeout, "cold start")
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}; missing: {missing(ns, expected)[:5]}") from None
 
 
 # One run ------------------------------------------------------------------------------------
@@ -403,7 +409,7 @@ def one_run(
         began = time.monotonic()
         peer = start(system, node.name, node.netns, ids, workdir)
         pid = peer.proc.pid
-        cold_at = poll(all_programmed(node.netns, expected), args.timeout, "cold start")
+        cold_at = wait_programmed(node.netns, expected, args.timeout)
         result: dict[str, Any] = {
             "cold_s": cold_at - began,
             "cold_cpu_s": proc.cpu_seconds(pid),
@@ -570,7 +576,11 @@ def measure(args: Any, workdir: Path) -> dict[str, Any]:
                 for system in order:
                     progress(f"{services} x {endpoints}: run {r + 1}, {system}")
                     wd = workdir / f"{services}x{endpoints}-{system}-{r}"
-                    runs[system].append(one_run(system, topo, cluster, api, ids, wd, args))
+                    try:
+                        runs[system].append(one_run(system, topo, cluster, api, ids, wd, args))
+                    except Exception as exc:  # one failed run is reported; the others go on
+                        progress(f"{system}: run failed: {exc}")
+                        runs[system].append({"error": f"{type(exc).__name__}: {exc}"})
             out["sizes"].append({"services": services, "endpoints": endpoints, "runs": runs})
     finally:
         cp.stop()
@@ -591,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--steady", type=float, default=60.0, help="steady-state window, seconds")
     p.add_argument("--no-restart", dest="restart", action="store_false")
-    p.add_argument("--timeout", type=float, default=1800.0, help="cold start limit, seconds")
+    p.add_argument("--timeout", type=float, default=1200.0, help="cold start limit, seconds")
     p.add_argument("--settle", type=float, default=5.0)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/bench-peers"))
     p.add_argument("--output", type=Path, required=True)

@@ -74,8 +74,24 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.0f} ms" if seconds >= 0.1 else f"{seconds * 1e3:.1f} ms"
 
 
+def completed(size: dict[str, Any]) -> dict[str, Any]:
+    """``size`` with only the runs that completed (a failed run holds its error alone)."""
+    runs = {s: [r for r in rs if "error" not in r] for s, rs in size["runs"].items()}
+    return {**size, "runs": {s: rs for s, rs in runs.items() if rs}}
+
+
+def failures(size: dict[str, Any]) -> list[str]:
+    return [
+        f"- {size['services']:,} x {size['endpoints']}, {s} run {i + 1} failed: {r['error']}"
+        for s, rs in size["runs"].items()
+        for i, r in enumerate(rs)
+        if "error" in r
+    ]
+
+
 def size_table(size: dict[str, Any]) -> list[str]:
-    """One table: a row per measure, a column per system."""
+    """One table: a row per measure, a column per system (completed runs only)."""
+    size = completed(size)
     systems = list(size["runs"])
     runs = size["runs"]
     rows = [
@@ -146,6 +162,7 @@ def _ratio(ours: float, theirs: float) -> float:
 
 
 def targets_table(size: dict[str, Any]) -> list[str]:
+    size = completed(size)
     peers = [p for p in PEERS if p in size["runs"]]
     rows = [
         f"| # | at {size['services']:,} x {size['endpoints']}: ipvsproxy / peer | target | "
@@ -172,15 +189,15 @@ def scaling_points(data: dict[str, Any]) -> list[dict[str, Any]]:
             "endpoints": size["endpoints"],
             **{s: latency(runs, ENDPOINT_KINDS)[0] for s, runs in size["runs"].items()},
         }
-        for size in data["sizes"]
+        for size in map(completed, data["sizes"])
     ]
 
 
 def report(data: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     for size in data["sizes"]:
-        lines += [*size_table(size), ""]
-    largest = max(data["sizes"], key=lambda s: s["services"])
+        lines += [*size_table(size), "", *failures(size)]
+    largest = completed(max(data["sizes"], key=lambda s: s["services"]))
     if "ipvsproxy" in largest["runs"] and any(p in largest["runs"] for p in PEERS):
         lines += [*targets_table(largest), ""]
     return lines

@@ -20,9 +20,11 @@ nodePort as none, so later ports are served on their cluster IP only). That is 4
 20 Services: 2,000 at S = 10,000, and the range lasts to S = 13,840. Beyond that ``service_at``
 raises ValueError rather than wrapping around (a real API server refuses such a Service too).
 
-Endpoints. Endpoint ``j`` of Service ``i`` is pod ``n = i * E + j``: address
-10.244.0.1 + (n mod 65,534) in 10.244.0.0/16, on node ``node-{n mod 10 + 1}``, with nodeName and
-a Pod targetRef named after its address. The /16 holds 65,534 pods, fewer than the 100,000
+Endpoints. Endpoint ``j`` of Service ``i`` is pod ``n = i * E + j``: host (n mod 65,024) of
+10.244.0.0/16 counting only .1-.254 of each /24 (a node's pod CIDR: no network or broadcast
+address, which the kernel refuses as a real server where a node's bridge holds that /24), on
+node ``node-{n mod 10 + 1}``, with nodeName and a Pod targetRef named after its address. The
+/16 holds 65,024 such pods, fewer than the 100,000
 endpoints of 10,000 x 10: beyond that, pods are reused by later Services (as when several
 Services select the same Pods); within one Service every address is distinct. One slice holds
 all E endpoints (the EndpointSlice controller would split at 100; this planner merges slices
@@ -52,7 +54,8 @@ NODES = tuple(f"node-{i}" for i in range(1, 11))
 CLUSTER_IP_BASE = int(ipaddress.IPv4Address("10.96.0.16"))
 CLUSTER_IP_LIMIT = int(ipaddress.IPv4Address("10.111.255.254"))  # last host of 10.96.0.0/12
 POD_BASE = int(ipaddress.IPv4Address("10.244.0.1"))
-POD_ADDRESSES = 65534  # 10.244.0.1 .. 10.244.255.254
+HOSTS_PER_NODE_SUBNET = 254  # .1 .. .254 of a /24
+POD_ADDRESSES = 256 * HOSTS_PER_NODE_SUBNET  # 65,024
 LB_BASE = int(ipaddress.IPv4Address("172.16.0.1"))
 NODE_PORT_FIRST = 30000
 NODE_PORT_LAST = 32767
@@ -91,7 +94,10 @@ def cluster_ip(index: int) -> str:
 
 
 def pod_ip(n: int) -> str:
-    return str(ipaddress.IPv4Address(POD_BASE + n % POD_ADDRESSES))
+    """Pod ``n``'s address: host ``.1``-``.254`` of a /24 of 10.244.0.0/16, as a node's pod
+    CIDR hands them out (never a /24's network or broadcast address)."""
+    subnet, host = divmod(n % POD_ADDRESSES, HOSTS_PER_NODE_SUBNET)
+    return str(ipaddress.IPv4Address(POD_BASE + subnet * 256 + host))
 
 
 def _uid(*parts: object) -> str:

@@ -103,3 +103,13 @@ def test_proc_ip_vs_is_parsed_with_weights() -> None:
         "~ ('TCP', '10.96.0.16', 80) ('10.244.0.2', 10100): 0 -> None"
     ]
     assert list(kernel_view.changed(table, after, {"10.96.0.16"})) == []
+
+
+def test_a_failed_run_is_listed_and_left_out_of_the_figures() -> None:
+    d = data()
+    d["sizes"][0]["runs"]["kube-router"].append({"error": "TimeoutError: cold start"})
+    text = "\n".join(peers_report.report(d))
+    assert "- 5,000 x 10, kube-router run 3 failed: TimeoutError: cold start" in text
+    assert peers_report.ratios(peers_report.completed(d["sizes"][0]), "kube-router")[3] == (
+        pytest.approx(11 / 50)
+    )
