@@ -66,7 +66,7 @@ NODE = NodeFacts(
     primary_ip=NODE_IP,
 )
 RULES = ruleset.RulesConfig(cluster_cidr="10.244.0.0/16")
-COLD_RUNS = 3
+COLD_RUNS = 5
 CHANGE_RUNS = 101
 CHANGE_TARGET_US = 1000.0
 PER_REAL_SERVER_TARGET_US = 10.0
