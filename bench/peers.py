@@ -26,7 +26,8 @@ trash list left by the run before) and, in turn:
 
 Runs alternate between the systems (a different one first each round). Every proxy gets the
 same settings where they share them: sync period 30 s, minimum sync period 0 (kube-router has
-none), cluster CIDR 10.244.0.0/16, the node's InternalIP from its Node object.
+none), cluster CIDR 10.244.0.0/16, the node's InternalIP from its Node object, and each one's
+default log verbosity (``--v=0`` for the peers, as kubeadm runs kube-proxy).
 """
 
 from __future__ import annotations
@@ -209,12 +210,14 @@ def start(system: str, node: str, ns: str, ids: Identities, workdir: Path) -> pe
             ns,
             ids.kube_proxy,
             workdir,
+            verbosity=0,
             sync_period="30s",
             min_sync_period="0s",
             metrics=METRICS,
         )
     if system == "kube-router":
-        return peers.kube_router(node, ns, ids.admin, workdir, extra=["--ipvs-sync-period=30s"])
+        extra = ["--ipvs-sync-period=30s"]
+        return peers.kube_router(node, ns, ids.admin, workdir, extra=extra, verbosity=0)
     argv = [
         sys.executable, "-m", "ipvsproxy", "run",
         "--kubeconfig", str(ids.ipvsproxy),
@@ -570,6 +573,7 @@ def measure(args: Any, workdir: Path) -> dict[str, Any]:
             progress(f"{services} x {endpoints} in the API ({time.monotonic() - began:.0f} s)")
             cluster = Objects(entries[:services], conn, endpoints)
             runs: dict[str, list[dict[str, Any]]] = {s: [] for s in args.systems}
+            out["sizes"].append({"services": services, "endpoints": endpoints, "runs": runs})
             for r in range(args.runs):
                 k = r % len(args.systems)
                 order = args.systems[k:] + args.systems[:k]
@@ -581,7 +585,7 @@ def measure(args: Any, workdir: Path) -> dict[str, Any]:
                     except Exception as exc:  # one failed run is reported; the others go on
                         progress(f"{system}: run failed: {exc}")
                         runs[system].append({"error": f"{type(exc).__name__}: {exc}"})
-            out["sizes"].append({"services": services, "endpoints": endpoints, "runs": runs})
+                    args.output.write_text(json.dumps(out, indent=2))  # each run once done
     finally:
         cp.stop()
         topo.destroy()

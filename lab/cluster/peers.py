@@ -106,12 +106,15 @@ class Peer:
         return self.proc.returncode
 
 
-def kube_proxy(node: str, netns: str, kubeconfig: Path, workdir: Path, **config: Any) -> Peer:
-    """Start upstream kube-proxy (IPVS mode) for lab node ``node`` in namespace ``netns``."""
+def kube_proxy(
+    node: str, netns: str, kubeconfig: Path, workdir: Path, verbosity: int = 2, **config: Any
+) -> Peer:
+    """Start upstream kube-proxy (IPVS mode) for lab node ``node`` in namespace ``netns``
+    (``verbosity``: its ``--v``; kubeadm's DaemonSet leaves it at 0)."""
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / f"kube-proxy-{node}.yaml"
     path.write_text(json.dumps(kube_proxy_config(node, kubeconfig, **config), indent=2))
-    argv = [str(upstream.binary("kube-proxy")), f"--config={path}", "--v=2"]
+    argv = [str(upstream.binary("kube-proxy")), f"--config={path}", f"--v={verbosity}"]
     return Peer(f"kube-proxy-{node}", netns, argv, workdir)
 
 
@@ -125,10 +128,16 @@ def kube_proxy_cleanup(netns: str) -> subprocess.CompletedProcess[str]:
 
 
 def kube_router(
-    node: str, netns: str, kubeconfig: Path, workdir: Path, extra: Sequence[str] = ()
+    node: str,
+    netns: str,
+    kubeconfig: Path,
+    workdir: Path,
+    extra: Sequence[str] = (),
+    verbosity: int = 2,
 ) -> Peer:
     """Start kube-router with only its service proxy (IPVS) for lab node ``node`` (``extra``:
-    more of its flags)."""
+    more of its flags; ``verbosity``: its ``-v``, 0 by default upstream: at 2 it logs a line
+    per virtual server compared, hundreds of MB a sync at thousands of Services)."""
     workdir.mkdir(parents=True, exist_ok=True)
     argv = [
         str(upstream.binary("kube-router")),
@@ -142,7 +151,7 @@ def kube_router(
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--health-port=0",
         "--metrics-port=0",
-        "--v=2",
+        f"--v={verbosity}",
         *extra,
     ]
     return Peer(f"kube-router-{node}", netns, argv, workdir, env={"NODE_NAME": node})
