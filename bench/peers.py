@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import statistics
 import sys
@@ -142,6 +143,21 @@ class Entry:
 def entry(index: int, endpoints: int) -> Entry:
     _, svc, (sl,) = synthetic.service_at(index, endpoints)
     return Entry(index, svc, sl)
+
+
+def new_entry(e: Entry) -> Entry:
+    """A Service shaped as ``e`` (type, ports, endpoints) that the cluster does not hold: its
+    own name and cluster IP (node ports left to the API server, no load-balancer ingress)."""
+    svc, sl = copy.deepcopy(e.svc), copy.deepcopy(e.slice)
+    name = f"new-{e.name}"
+    svc["metadata"]["name"] = name
+    svc["metadata"]["labels"] = {"app": name}
+    svc["spec"]["selector"] = {"app": name}
+    ip = synthetic.cluster_ip(NEW_SERVICE_BASE + e.index)
+    svc["spec"]["clusterIP"], svc["spec"]["clusterIPs"] = ip, [ip]
+    svc["status"] = {"loadBalancer": {}}  # no ingress: e's address is e's
+    sl["metadata"]["labels"]["kubernetes.io/service-name"] = name
+    return Entry(NEW_SERVICE_BASE + e.index, svc, sl)
 
 
 def conn_entry(pod_ip: str) -> Entry:
@@ -344,7 +360,7 @@ def change_pairs(api: API, e: Entry, kind: int, endpoints: int) -> list[Change]:
             Change("endpoint ready again", lambda: api.set_endpoints(e, original),
                    lambda p: dest in (p.active(e.vs) or ())),
         ]  # fmt: skip
-    new = entry(NEW_SERVICE_BASE + e.index, endpoints)
+    new = new_entry(e)
     return [
         Change("service added", lambda: api.create(new),
                lambda p: p.active(new.vs) == new.dests()),
