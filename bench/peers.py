@@ -185,28 +185,42 @@ class API:
         self.cp = cp
 
     def create(self, e: Entry) -> None:
-        self.cp.call("POST", SERVICES, service_object(e.svc))
-        self.cp.call("POST", SLICES, slice_object(e.slice, e.slice_name))
+        self.write("POST", SERVICES, service_object(e.svc))
+        self.write("POST", SLICES, slice_object(e.slice, e.slice_name))
         ingress = e.svc.get("status", {}).get("loadBalancer", {}).get("ingress")
         if ingress:
             body = {"status": {"loadBalancer": {"ingress": ingress}}}
-            self.cp.call("PATCH", f"{SERVICES}/{e.name}/status", body, content_type=MERGE_PATCH)
+            self.write("PATCH", f"{SERVICES}/{e.name}/status", body, content_type=MERGE_PATCH)
 
-    def create_many(self, entries: Sequence[Entry], workers: int = 8) -> None:
+    def write(self, method: str, path: str, body: Any, **kw: Any) -> None:
+        """One write, tried again after a timeout or a 5xx (the guest's API server is slow
+        under a bulk load); a POST (409) or DELETE (404) that meets its own earlier attempt
+        is done."""
+        status, out = 0, ""
+        for attempt in range(5):
+            try:
+                status, out = self.cp.request(method, path, body, timeout=60.0, **kw)
+            except OSError as exc:  # a timeout: the write may or may not have happened
+                status, out = 0, str(exc)
+            again = {"POST": 409, "DELETE": 404}.get(method)  # its own earlier attempt did it
+            if 200 <= status < 300 or (status == again and attempt > 0):
+                return
+            if status and status < 500:
+                raise RuntimeError(f"{method} {path}: {status} {out}")
+            time.sleep(1 + attempt)
+        raise RuntimeError(f"{method} {path}: gave up: {status} {out}")
+
+    def create_many(self, entries: Sequence[Entry], workers: int = 4) -> None:
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(self.create, entries))
 
     def delete(self, e: Entry) -> None:
-        self.cp.call("DELETE", f"{SERVICES}/{e.name}")
-        self.cp.call("DELETE", f"{SLICES}/{e.slice_name}")
+        self.write("DELETE", f"{SERVICES}/{e.name}", None)
+        self.write("DELETE", f"{SLICES}/{e.slice_name}", None)
 
     def set_endpoints(self, e: Entry, endpoints: list[dict[str, Any]]) -> None:
-        self.cp.call(
-            "PATCH",
-            f"{SLICES}/{e.slice_name}",
-            {"endpoints": endpoints},
-            content_type=MERGE_PATCH,
-        )
+        path = f"{SLICES}/{e.slice_name}"
+        self.write("PATCH", path, {"endpoints": endpoints}, content_type=MERGE_PATCH)
 
 
 # The proxies --------------------------------------------------------------------------------
