@@ -113,3 +113,14 @@ def test_a_failed_run_is_listed_and_left_out_of_the_figures() -> None:
     assert peers_report.ratios(peers_report.completed(d["sizes"][0]), "kube-router")[3] == (
         pytest.approx(11 / 50)
     )
+
+
+def test_change_cpu_leaves_out_the_windows_a_periodic_sync_fell_into() -> None:
+    cpu = [0.0] * 12 + [0.01] * 6 + [7.0, 7.3]  # ticks of a few ms; two full syncs of 7 s
+    runs = [{"changes": {"endpoint added": [[0.02, c] for c in cpu]}}]
+    assert peers_report.change_cpu(runs, ["endpoint added"]) == pytest.approx(0.06 / 18)
+    assert peers_report.cpu_outliers(runs, ["endpoint added"]) == (2, 20)
+    # seconds per change (kube-proxy syncs everything on every change): a window that also
+    # held a periodic sync (6.5 s: two syncs) is left out, the others' spread is kept
+    heavy = [{"changes": {"endpoint added": [[3.0, c] for c in (2.0, 2.5, 3.0, 6.5)]}}]
+    assert peers_report.change_cpu(heavy, ["endpoint added"]) == pytest.approx(2.5)
