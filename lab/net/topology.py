@@ -137,11 +137,11 @@ class Cluster:
         no IPVS trash list); the underlay bridge and its address stay, and with them any
         socket bound there, such as the API server's."""
         self._delete_namespaces()
-        try:
-            _create(self, underlay=False)
-        except BaseException:
-            self.destroy()
-            raise
+        veths = [f"vn{n.index}" for n in self.nodes] + ["vext"]
+        # A deleted namespace is torn down in the background (minutes with large IPVS tables
+        # in this kernel): its veths' root ends go with it, and their names are taken until then.
+        wait_until(lambda: not any(_link_exists(v) for v in veths), timeout=900, interval=1.0)
+        _create(self, underlay=False)
 
     def _delete_namespaces(self) -> None:
         for proc in self._echo:
@@ -255,6 +255,10 @@ def _create_node(cluster: Cluster, node: Node) -> None:
                 f"route add default via {node.gateway}",
             ],
         )
+
+
+def _link_exists(name: str) -> bool:
+    return run(["ip", "link", "show", "dev", name], check=False).returncode == 0
 
 
 def run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
