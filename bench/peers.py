@@ -70,6 +70,14 @@ SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
 MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
 
 
+class PartialRun(Exception):
+    """A run that failed after measuring ``result`` (its cause is the failure)."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        super().__init__("run failed part-way")
+        self.result = result
+
+
 def progress(text: str) -> None:
     print(f"bench.peers {time.strftime('%H:%M:%S')}: {text}", file=sys.stderr, flush=True)
 
@@ -383,7 +391,13 @@ def change_pairs(api: API, e: Entry, kind: int, endpoints: int) -> list[Change]:
 
 
 def run_changes(
-    api: API, cluster: Objects, pid: int, prober: Prober, rounds: int, kinds: Sequence[int]
+    api: API,
+    cluster: Objects,
+    pid: int,
+    prober: Prober,
+    rounds: int,
+    kinds: Sequence[int],
+    timeout: float,
 ) -> dict[str, list[list[float]]]:
     """``rounds`` changes of each of ``kinds`` (and their undoing), each on its own Service:
     [seconds, CPU seconds] by the change's name."""
@@ -396,7 +410,8 @@ def run_changes(
                 cpu0 = proc.wait_idle(pid)
                 began = time.monotonic()
                 change.write()
-                seen = poll(partial(change.seen, prober), 300, f"{change.kind} on {e.name}")
+                what = f"{change.kind} on {e.name}"
+                seen = poll(partial(change.seen, prober), timeout, what)
                 cpu1 = proc.wait_idle(pid)
                 out.setdefault(change.kind, []).append([seen - began, cpu1 - cpu0])
     return out
@@ -451,7 +466,12 @@ def one_run(
         result["virtual_servers"] = len(table)
         result["real_servers"] = sum(len(d) for d in table.values())
         progress(f"{system}: cold start {result['cold_s']:.1f} s")
-        result["changes"] = run_changes(api, cluster, pid, prober, args.changes, args.kinds)
+        try:
+            result["changes"] = run_changes(
+                api, cluster, pid, prober, args.changes, args.kinds, args.change_timeout
+            )
+        except Exception as exc:  # what was measured before is kept with the error
+            raise PartialRun(result) from exc
         progress(f"{system}: changes done")
         if args.steady > 0:
             result["steady"] = steady(api, cluster, pid, args.steady)
@@ -613,8 +633,12 @@ def measure(args: Any, workdir: Path) -> dict[str, Any]:
                     try:
                         runs[system].append(one_run(system, topo, cluster, api, ids, wd, args))
                     except Exception as exc:  # one failed run is reported; the others go on
-                        progress(f"{system}: run failed: {exc}")
-                        runs[system].append({"error": f"{type(exc).__name__}: {exc}"})
+                        cause = exc.__cause__ if isinstance(exc, PartialRun) else exc
+                        progress(f"{system}: run failed: {cause}")
+                        failed: dict[str, Any] = {"error": f"{type(cause).__name__}: {cause}"}
+                        if isinstance(exc, PartialRun):
+                            failed["partial"] = exc.result
+                        runs[system].append(failed)
                     args.output.write_text(json.dumps(out, indent=2))  # each run once done
     finally:
         cp.stop()
@@ -635,7 +659,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--steady", type=float, default=60.0, help="steady-state window, seconds")
     p.add_argument("--no-restart", dest="restart", action="store_false")
-    p.add_argument("--timeout", type=float, default=1200.0, help="cold start limit, seconds")
+    p.add_argument("--timeout", type=float, default=1800.0, help="cold start limit, seconds")
+    p.add_argument(
+        "--change-timeout", type=float, default=1800.0, help="one change's limit, seconds"
+    )
     p.add_argument("--settle", type=float, default=5.0)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/bench-peers"))
     p.add_argument("--output", type=Path, required=True)

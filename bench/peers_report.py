@@ -98,12 +98,22 @@ def completed(size: dict[str, Any]) -> dict[str, Any]:
 
 
 def failures(size: dict[str, Any]) -> list[str]:
-    return [
-        f"- {size['services']:,} x {size['endpoints']}, {s} run {i + 1} failed: {r['error']}"
-        for s, rs in size["runs"].items()
-        for i, r in enumerate(rs)
-        if "error" in r
-    ]
+    """A line per failed run, with the cold start it measured before failing, if it did."""
+    out = []
+    for s, rs in size["runs"].items():
+        for i, r in enumerate(rs):
+            if "error" not in r:
+                continue
+            line = f"- {size['services']:,} x {size['endpoints']}, {s} run {i + 1} failed: "
+            line += r["error"]
+            partial = r.get("partial") or {}
+            if "cold_s" in partial:
+                line += (
+                    f" (after its cold start: {partial['cold_s']:.1f} s, "
+                    f"{partial['cold_cpu_s']:.1f} s CPU)"
+                )
+            out.append(line)
+    return out
 
 
 def size_table(size: dict[str, Any]) -> list[str]:
