@@ -255,7 +255,9 @@ def start(system: str, node: str, ns: str, ids: Identities, workdir: Path) -> pe
         )
     if system == "kube-router":
         extra = ["--ipvs-sync-period=30s"]
-        return peers.kube_router(node, ns, ids.admin, workdir, extra=extra, verbosity=0)
+        return peers.kube_router(
+            node, ns, ids.admin, workdir, extra=extra, verbosity=0, hairpin=False
+        )
     argv = [
         sys.executable, "-m", "ipvsproxy", "run",
         "--kubeconfig", str(ids.ipvsproxy),

@@ -134,10 +134,12 @@ def kube_router(
     workdir: Path,
     extra: Sequence[str] = (),
     verbosity: int = 2,
+    hairpin: bool = True,
 ) -> Peer:
     """Start kube-router with only its service proxy (IPVS) for lab node ``node`` (``extra``:
     more of its flags; ``verbosity``: its ``-v``, 0 by default upstream: at 2 it logs a line
-    per virtual server compared, hundreds of MB a sync at thousands of Services)."""
+    per virtual server compared, hundreds of MB a sync at thousands of Services; ``hairpin``:
+    ``--hairpin-mode``, not its default, which looks up each local endpoint's pod interface)."""
     workdir.mkdir(parents=True, exist_ok=True)
     argv = [
         str(upstream.binary("kube-router")),
@@ -146,12 +148,13 @@ def kube_router(
         "--run-router=false",
         "--run-firewall=false",
         "--run-loadbalancer=false",
-        "--hairpin-mode",  # as the lab bridge has hairpin on: a pod reaches itself via its Service
         f"--hostname-override={node}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--health-port=0",
         "--metrics-port=0",
         f"--v={verbosity}",
+        # as the lab bridge has hairpin on: a pod reaches itself via its Service
+        *(["--hairpin-mode"] if hairpin else []),
         *extra,
     ]
     return Peer(f"kube-router-{node}", netns, argv, workdir, env={"NODE_NAME": node})
