@@ -168,22 +168,33 @@ def new_entry(e: Entry) -> Entry:
     return Entry(NEW_SERVICE_BASE + e.index, svc, sl)
 
 
-def conn_entry(pod_ip: str) -> Entry:
+def tcp_entry(
+    index: int, name: str, ip: str, port: int, target: int, endpoints: list[tuple[str, str]]
+) -> Entry:
+    """A one-port TCP ClusterIP Service at ``ip`` and its slice of ready ``endpoints``
+    (address, node)."""
     svc = {
-        "metadata": {"name": "conn", "labels": {}},
+        "metadata": {"name": name, "labels": {}},
         "spec": {
             "type": "ClusterIP",
-            "clusterIP": CONN_IP,
-            "selector": {"app": "conn"},
-            "ports": [{"name": "echo", "protocol": "TCP", "port": CONN_PORT}],
+            "clusterIP": ip,
+            "selector": {"app": name},
+            "ports": [{"name": "tcp", "protocol": "TCP", "port": port}],
         },
     }
     sl = {
-        "metadata": {"labels": {"kubernetes.io/service-name": "conn"}},
-        "endpoints": [{"addresses": [pod_ip], "conditions": {"ready": True}, "nodeName": "node-1"}],
-        "ports": [{"name": "echo", "protocol": "TCP", "port": ECHO_PORT}],
+        "metadata": {"labels": {"kubernetes.io/service-name": name}},
+        "endpoints": [
+            {"addresses": [a], "conditions": {"ready": True}, "nodeName": n} for a, n in endpoints
+        ],
+        "ports": [{"name": "tcp", "protocol": "TCP", "port": target}],
     }
-    return Entry(-1, svc, sl)
+    return Entry(index, svc, sl)
+
+
+def conn_entry(pod_ip: str) -> Entry:
+    """The Service of the restart's established connection: the lab's echo pod."""
+    return tcp_entry(-1, "conn", CONN_IP, CONN_PORT, ECHO_PORT, [(pod_ip, "node-1")])
 
 
 class API:
@@ -498,25 +509,8 @@ def one_run(
 def sentinel_entry(endpoints: int) -> Entry:
     """The Service a restart must program: one port, its endpoints on another node (no
     loopback ipset entries), an address no other Service has."""
-    svc = {
-        "metadata": {"name": "sentinel", "labels": {}},
-        "spec": {
-            "type": "ClusterIP",
-            "clusterIP": SENTINEL_IP,
-            "selector": {"app": "sentinel"},
-            "ports": [{"name": "web", "protocol": "TCP", "port": 80}],
-        },
-    }
-    eps = [
-        {"addresses": [f"10.250.0.{j + 1}"], "conditions": {"ready": True}, "nodeName": "node-2"}
-        for j in range(endpoints)
-    ]
-    sl = {
-        "metadata": {"labels": {"kubernetes.io/service-name": "sentinel"}},
-        "endpoints": eps,
-        "ports": [{"name": "web", "protocol": "TCP", "port": 8080}],
-    }
-    return Entry(-2, svc, sl)
+    eps = [(f"10.250.0.{j + 1}", "node-2") for j in range(endpoints)]
+    return tcp_entry(-2, "sentinel", SENTINEL_IP, 80, 8080, eps)
 
 
 def restart(
