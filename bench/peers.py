@@ -11,7 +11,8 @@ trash list left by the run before) and, in turn:
 - **cold start**: the proxy is started; the time until the kernel holds every Service's
   cluster-IP virtual server with all its endpoints active (the IPVS table polled from outside),
   and the proxy's CPU seconds until then;
-- **one change**: ``--changes`` of each kind, each on a different Service, each undone by the
+- **one change**: ``--changes`` of each kind (fewer, the same number of each, for a system
+  whose changes outlast ``--change-budget``), each on a different Service, each undone by the
   next kind (endpoint added, then removed; not ready, then ready again; Service added, then
   deleted), timed from the API write's start until the virtual server polled over netlink shows
   it, with the proxy's CPU seconds until it is idle again;
@@ -306,6 +307,21 @@ def ipvsproxy_writes(ns: str) -> int:
     return int(total)
 
 
+def own_sync_seconds(ns: str) -> dict[str, float] | None:
+    """The proxy's own kubeproxy_sync_proxy_rules_duration_seconds histogram (count and sum
+    since it started), which ipvsproxy and kube-proxy export; None where it is not served."""
+    try:
+        _, text = http_get_from(ns, f"http://{METRICS}/metrics")
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        for part in ("count", "sum"):
+            if line.startswith(f"kubeproxy_sync_proxy_rules_duration_seconds_{part} "):
+                out[part] = float(line.split()[-1])
+    return out if len(out) == 2 else None
+
+
 # Waiting for the kernel ---------------------------------------------------------------------
 
 
@@ -411,13 +427,20 @@ def run_changes(
     rounds: int,
     kinds: Sequence[int],
     timeout: float,
+    budget: float = float("inf"),
 ) -> dict[str, list[list[float]]]:
-    """``rounds`` changes of each of ``kinds`` (and their undoing), each on its own Service:
-    [seconds, CPU seconds] by the change's name."""
+    """Up to ``rounds`` rounds of one change of each of ``kinds`` (and its undoing), each on
+    its own Service: [seconds, CPU seconds] by the change's name. No round starts once
+    ``budget`` seconds have gone (the first always runs), so a system whose change takes
+    minutes gets fewer changes of every kind, in equal numbers."""
     out: dict[str, list[list[float]]] = {}
     n = len(cluster.entries)
-    for kind in kinds:
-        for i in range(rounds):
+    began_all = time.monotonic()
+    for i in range(rounds):
+        if i and time.monotonic() - began_all > budget:
+            progress(f"change budget of {budget:g} s spent after {i} rounds")
+            break
+        for kind in kinds:
             e = cluster.entries[(kind * rounds + i) * max(1, n // (3 * rounds)) % n]
             for change in change_pairs(api, e, kind, cluster.endpoints):
                 cpu0 = proc.wait_idle(pid)
@@ -481,11 +504,20 @@ def one_run(
         progress(f"{system}: cold start {result['cold_s']:.1f} s")
         try:
             result["changes"] = run_changes(
-                api, cluster, pid, prober, args.changes, args.kinds, args.change_timeout
+                api,
+                cluster,
+                pid,
+                prober,
+                args.changes,
+                args.kinds,
+                args.change_timeout,
+                args.change_budget,
             )
         except Exception as exc:  # what was measured before is kept with the error
             raise PartialRun(result) from exc
         progress(f"{system}: changes done")
+        if system != "kube-router":  # its metrics are not the same
+            result["own_syncs"] = own_sync_seconds(node.netns)
         if args.steady > 0:
             result["steady"] = steady(api, cluster, pid, args.steady)
         result["peak_rss_mib"] = proc.peak_rss_mib(pid)
@@ -658,6 +690,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="cold start limit, seconds")
     p.add_argument(
         "--change-timeout", type=float, default=1800.0, help="one change's limit, seconds"
+    )
+    p.add_argument(
+        "--change-budget",
+        type=float,
+        default=3600.0,
+        help="no new round of changes after this many seconds of one run's changes",
     )
     p.add_argument("--settle", type=float, default=5.0)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/bench-peers"))

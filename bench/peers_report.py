@@ -66,6 +66,25 @@ def _typical(values: list[float]) -> tuple[list[float], float]:
     return [v for v in values if v <= limit], limit
 
 
+def changes_measured(runs: Sequence[dict[str, Any]]) -> str:
+    """How many changes of each kind the runs hold together: one number when every kind has
+    the same, else the range."""
+    counts = [sum(len(r["changes"].get(k, ())) for r in runs) for k in KINDS]
+    counts = [c for c in counts if c] or [0]
+    low, high = min(counts), max(counts)
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
+def own_syncs(runs: Sequence[dict[str, Any]]) -> str:
+    """The mean of the proxy's own kubeproxy_sync_proxy_rules_duration_seconds over every
+    sync of the runs, up to the end of their changes ("-" where not exported)."""
+    syncs = [r["own_syncs"] for r in runs if r.get("own_syncs")]
+    count = sum(s["count"] for s in syncs)
+    if not count:
+        return "-"
+    return f"{_ms(sum(s['sum'] for s in syncs) / count)} ({count:.0f})"
+
+
 def per_run(runs: Sequence[dict[str, Any]], key: str, sub: str | None = None) -> list[float]:
     out = []
     for r in runs:
@@ -138,6 +157,9 @@ def size_table(size: dict[str, Any]) -> list[str]:
         "cold start, proxy CPU",
         (spread(per_run(runs[s], "cold_cpu_s"), unit=" s") for s in systems),
     )
+    row("changes of each kind measured (all runs)", (
+        changes_measured(runs[s]) for s in systems
+    ))  # fmt: skip
     for kind in KINDS:
         row(f"{kind}: latency median (p95)", (
             "{} ({})".format(*(_ms(x) for x in latency(runs[s], [kind]))) for s in systems
@@ -151,6 +173,7 @@ def size_table(size: dict[str, Any]) -> list[str]:
                 _ms(change_cpu(runs[s], kinds)), *cpu_outliers(runs[s], kinds)
             ) for s in systems
         ))  # fmt: skip
+    row("its own sync duration metric, mean (syncs)", (own_syncs(runs[s]) for s in systems))
     for sub, label in (("idle_cpu_s_per_min", "idle"), ("busy_cpu_s_per_min", "1 change/s")):
         row(f"steady CPU, {label}", (
             spread(per_run(runs[s], "steady", sub), unit=" s/min") for s in systems

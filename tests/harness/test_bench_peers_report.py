@@ -124,3 +124,16 @@ def test_change_cpu_leaves_out_the_windows_a_periodic_sync_fell_into() -> None:
     # held a periodic sync (6.5 s: two syncs) is left out, the others' spread is kept
     heavy = [{"changes": {"endpoint added": [[3.0, c] for c in (2.0, 2.5, 3.0, 6.5)]}}]
     assert peers_report.change_cpu(heavy, ["endpoint added"]) == pytest.approx(2.5)
+
+
+def test_the_size_table_says_how_many_changes_and_each_proxys_own_sync_time() -> None:
+    size = data()["sizes"][0]
+    fewer = run(90.0, 60.0, 100, 80)
+    fewer["changes"] = {k: v[:2] for k, v in fewer["changes"].items()}  # a budget cut it short
+    fewer["own_syncs"] = {"count": 4, "sum": 200.0}
+    size["runs"]["kube-proxy"] = [fewer, {**fewer, "own_syncs": {"count": 6, "sum": 300.0}}]
+    rows = peers_report.size_table(size)
+    counts = next(r for r in rows if r.startswith("| changes of each kind measured"))
+    assert counts.endswith("| 40 | 4 | 40 |")
+    own = next(r for r in rows if r.startswith("| its own sync duration"))
+    assert own.endswith("| - | 50,000 ms (10) | - |")
