@@ -49,7 +49,8 @@ def run_kernel(
 def run_peers(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     peer_args = ["--sizes", args.peers, "--runs", str(args.peer_runs)]
     peer_args += ["--changes", str(args.peer_changes), "--steady", str(args.steady)]
-    return run_kernel(peer_args, out, "bench.peers", timeout=6 * 3600)
+    peer_args += ["--change-budget", str(args.peer_change_budget)]
+    return run_kernel(peer_args, out, "bench.peers", timeout=12 * 3600)
 
 
 def kernel_rows(k: dict[str, Any]) -> list[str]:
@@ -194,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peers", default="1000x10,5000x10", help="side-by-side sizes")
     p.add_argument("--peer-runs", type=int, default=3)
     p.add_argument("--peer-changes", type=int, default=20, help="changes of each kind per run")
+    p.add_argument(
+        "--peer-change-budget",
+        type=float,
+        default=1200.0,
+        help="seconds of changes per run after which no round starts (minutes-long changes)",
+    )
     p.add_argument("--steady", type=float, default=60.0, help="steady-state window, seconds")
     p.add_argument("--no-peers", action="store_true", help="skip the side-by-side run")
     p.add_argument("--host-only", action="store_true", help="skip the kernel lab")
