@@ -94,17 +94,24 @@ class Load:
         with self._lock:
             self.answers[name] += 1
 
-    def _fail(self, name: str, exc: BaseException) -> None:
+    def _fail(self, name: str, exc: BaseException, started: float | None = None) -> None:
+        """Kept as "HH:MM:SS.mmm path: error", with when the failed attempt began."""
+        now = time.time()
+        began = "" if started is None else f" (began {now - started:.2f} s before)"
+        stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
         with self._lock:
-            self.failures.append(f"{time.strftime('%H:%M:%S')} {name}: {exc!r}")
+            self.failures.append(f"{stamp} {name}: {exc!r}{began}")
 
     def _new_connections(self, name: str, ns: str, ip: str, port: int) -> None:
         while not self._stop.is_set():
+            started, phase = time.time(), "connect"
             try:
-                netns.tcp_request(ns, ip, port, timeout=5)
+                with netns.TCPSession(ns, ip, port, timeout=5) as session:
+                    phase = f"answer from {session.local[0]}:{session.local[1]}"
+                    session.ask(b"hello\n")
                 self._ok(name)
             except Exception as exc:
-                self._fail(name, exc)
+                self._fail(name, RuntimeError(f"{phase}: {exc!r}"), started)
             self._stop.wait(0.05)
 
     def _long_lived(self) -> None:
