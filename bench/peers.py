@@ -497,6 +497,7 @@ def one_run(
         result: dict[str, Any] = {
             "cold_s": cold_at - began,
             "cold_cpu_s": proc.cpu_seconds(pid),
+            "cold_peak_rss_mib": proc.peak_rss_mib(pid),
         }
         table = kernel_view.ipvs_table(node.netns)
         result["virtual_servers"] = len(table)
@@ -525,7 +526,8 @@ def one_run(
             peer, result["restart"] = restart(
                 system, peer, cluster, api, ids, node, prober, workdir
             )
-            result["peak_rss_mib"] = max(result["peak_rss_mib"], proc.peak_rss_mib(peer.proc.pid))
+            result["restart"]["peak_rss_mib"] = proc.peak_rss_mib(peer.proc.pid)
+            result["peak_rss_mib"] = max(result["peak_rss_mib"], result["restart"]["peak_rss_mib"])
         if not peer.running():
             raise RuntimeError(f"{system} exited:\n{peer.logs()}")
         return result

@@ -179,6 +179,12 @@ def size_table(size: dict[str, Any]) -> list[str]:
             spread(per_run(runs[s], "steady", sub), unit=" s/min") for s in systems
         ))  # fmt: skip
     row("peak RSS", (spread(per_run(runs[s], "peak_rss_mib"), "{:.0f}", " MiB") for s in systems))
+    row("peak RSS: at cold start / restarted process", (
+        " / ".join((
+            spread(per_run(runs[s], "cold_peak_rss_mib"), "{:.0f}", " MiB"),
+            spread(per_run(runs[s], "restart", "peak_rss_mib"), "{:.0f}", " MiB"),
+        )) for s in systems
+    ))  # fmt: skip
     row("restart: converged", (
         spread(per_run(runs[s], "restart", "converge_s"), unit=" s") for s in systems
     ))  # fmt: skip

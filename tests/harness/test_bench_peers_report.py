@@ -21,8 +21,14 @@ def run(latency: float, cpu: float, cold: float, rss: float) -> dict[str, Any]:
         "cold_cpu_s": cold / 2,
         "changes": changes,
         "steady": {"idle_cpu_s_per_min": 0.5, "busy_cpu_s_per_min": 2.0},
+        "cold_peak_rss_mib": rss - 10,
         "peak_rss_mib": rss,
-        "restart": {"converge_s": 1.0, "ipvs_changed": 0, "connection": "survived"},
+        "restart": {
+            "converge_s": 1.0,
+            "ipvs_changed": 0,
+            "connection": "survived",
+            "peak_rss_mib": rss - 5,
+        },
     }
 
 
@@ -74,6 +80,8 @@ def test_the_size_table_has_a_column_per_system_and_ranges_over_runs() -> None:
     assert rows[0] == "| 5,000 x 10 | ipvsproxy | kube-proxy | kube-router |"
     cold = next(r for r in rows if r.startswith("| cold start |"))
     assert "11.00 s (10.00-12.00)" in cold
+    rss = next(r for r in rows if r.startswith("| peak RSS: at cold start"))
+    assert "| 95 MiB (90-100) / 100 MiB (95-105) |" in rss
 
 
 def test_scaling_points_give_each_system_its_median_endpoint_change() -> None:
