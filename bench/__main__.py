@@ -161,7 +161,7 @@ def scaling(sizes: str, stamp: str) -> int:
     README shows."""
     print(f"bench: scaling run ({sizes})", flush=True)
     scaling_args = ["--sizes", sizes, "--runs", "1", "--changes", "10", "--kinds", "endpoint"]
-    scaling_args += ["--steady", "0", "--no-restart"]
+    scaling_args += ["--steady", "0", "--no-restart", "--change-budget", "600"]
     data = run_kernel(
         scaling_args, RESULTS / f"scaling-{stamp}.json", "bench.peers", timeout=6 * 3600
     )
