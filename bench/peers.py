@@ -307,19 +307,22 @@ def ipvsproxy_writes(ns: str) -> int:
     return int(total)
 
 
-def own_sync_seconds(ns: str) -> dict[str, float] | None:
+def own_sync_seconds(ns: str) -> dict[str, dict[str, float]] | None:
     """The proxy's own kubeproxy_sync_proxy_rules_duration_seconds histogram (count and sum
-    since it started), which ipvsproxy and kube-proxy export; None where it is not served."""
+    since it started) by IP family (kube-proxy labels it ``ip_family``, one per proxier it runs;
+    ipvsproxy's has no label: ""); None where it is not served."""
     try:
         _, text = http_get_from(ns, f"http://{METRICS}/metrics")
     except OSError:
         return None
-    out = {}
+    out: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
         for part in ("count", "sum"):
-            if line.startswith(f"kubeproxy_sync_proxy_rules_duration_seconds_{part} "):
-                out[part] = float(line.split()[-1])
-    return out if len(out) == 2 else None
+            name = f"kubeproxy_sync_proxy_rules_duration_seconds_{part}"
+            if line.startswith((name + " ", name + "{")):
+                family = line.split('ip_family="', 1)[1].split('"', 1)[0] if "{" in line else ""
+                out.setdefault(family, {})[part] = float(line.split()[-1])
+    return out or None
 
 
 # Waiting for the kernel ---------------------------------------------------------------------

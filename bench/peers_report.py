@@ -77,12 +77,18 @@ def changes_measured(runs: Sequence[dict[str, Any]]) -> str:
 
 def own_syncs(runs: Sequence[dict[str, Any]]) -> str:
     """The mean of the proxy's own kubeproxy_sync_proxy_rules_duration_seconds over every
-    sync of the runs, up to the end of their changes ("-" where not exported)."""
-    syncs = [r["own_syncs"] for r in runs if r.get("own_syncs")]
-    count = sum(s["count"] for s in syncs)
-    if not count:
-        return "-"
-    return f"{_ms(sum(s['sum'] for s in syncs) / count)} ({count:.0f})"
+    IPv4 sync of the runs, up to the end of their changes ("-" where not exported); the
+    IPv6 proxier's syncs, where one ran, follow."""
+    cells = []
+    for family in ("IPv4", "IPv6"):
+        unlabelled = "" if family == "IPv4" else None  # ipvsproxy's: IPv4 only, no label
+        by_family = [r.get("own_syncs") or {} for r in runs]
+        syncs = [s for f in by_family if (s := f.get(family) or f.get(unlabelled))]
+        count = sum(s["count"] for s in syncs)
+        if count:
+            mean = _ms(sum(s["sum"] for s in syncs) / count)
+            cells.append(f"{mean} ({count:.0f})" + (f" {family}" if family == "IPv6" else ""))
+    return "; ".join(cells) or "-"
 
 
 def per_run(runs: Sequence[dict[str, Any]], key: str, sub: str | None = None) -> list[float]:

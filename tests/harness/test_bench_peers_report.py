@@ -138,10 +138,12 @@ def test_the_size_table_says_how_many_changes_and_each_proxys_own_sync_time() ->
     size = data()["sizes"][0]
     fewer = run(90.0, 60.0, 100, 80)
     fewer["changes"] = {k: v[:2] for k, v in fewer["changes"].items()}  # a budget cut it short
-    fewer["own_syncs"] = {"count": 4, "sum": 200.0}
-    size["runs"]["kube-proxy"] = [fewer, {**fewer, "own_syncs": {"count": 6, "sum": 300.0}}]
+    fewer["own_syncs"] = {"IPv4": {"count": 4, "sum": 200.0}, "IPv6": {"count": 1, "sum": 0.5}}
+    again = {**fewer, "own_syncs": {"IPv4": {"count": 6, "sum": 300.0}}}
+    size["runs"]["kube-proxy"] = [fewer, again]
+    size["runs"]["ipvsproxy"][0]["own_syncs"] = {"": {"count": 2, "sum": 0.02}}
     rows = peers_report.size_table(size)
     counts = next(r for r in rows if r.startswith("| changes of each kind measured"))
     assert counts.endswith("| 40 | 4 | 40 |")
     own = next(r for r in rows if r.startswith("| its own sync duration"))
-    assert own.endswith("| - | 50,000 ms (10) | - |")
+    assert own.endswith("| 10.0 ms (2) | 50,000 ms (10); 500 ms (1) IPv6 | - |")
