@@ -241,7 +241,8 @@ def targets_table(size: dict[str, Any]) -> list[str]:
         for p in peers:
             value = by_peer[p][number]
             verdict = "met" if value <= target else "**missed**"
-            cells.append(f"{value:.3f} ({verdict})")
+            shown = f"{value:.3f}" if value >= 0.001 else f"{value:.1e}"  # not 0.000
+            cells.append(f"{shown} ({verdict})")
         rows.append(f"| {number} | {what} | <= {target} | " + " | ".join(cells) + " |")
     return rows
 

@@ -73,6 +73,10 @@ def test_the_targets_table_says_met_or_missed_against_each_peer() -> None:
     assert "0.110 (met)" in cold and "0.220 (**missed**)" in cold
     rss = next(r for r in rows if r.startswith("| 4 |"))
     assert "1.312 (**missed**)" in rss and "0.875 (met)" in rss
+    size = data()["sizes"][0]
+    size["runs"]["kube-proxy"] = [run(2.0, 10.0, 100, 80)]
+    cpu = next(r for r in peers_report.targets_table(size) if r.startswith("| 2 |"))
+    assert "| 2.0e-04 (met) |" in cpu  # 0.002 / 10, not rounded to 0.000
 
 
 def test_the_size_table_has_a_column_per_system_and_ranges_over_runs() -> None:
