@@ -10,7 +10,9 @@ trash list left by the run before) and, in turn:
 
 - **cold start**: the proxy is started; the time until the kernel holds every Service's
   cluster-IP virtual server with all its endpoints active (the IPVS table polled from outside),
-  and the proxy's CPU seconds until then;
+  and the proxy's CPU seconds until then; then, for ipvsproxy and kube-proxy, until their own
+  metric says their first sync has ended (kube-proxy's goes on long after its virtual servers
+  are in: it adds each ipset entry with one ``ipset add`` process). Changes start after that;
 - **one change**: ``--changes`` of each kind (fewer, the same number of each, for a system
   whose changes outlast ``--change-budget``), each on a different Service, each undone by the
   next kind (endpoint added, then removed; not ready, then ready again; Service added, then
@@ -297,6 +299,22 @@ def last_sync(ns: str) -> float:
     return -1.0
 
 
+def first_sync_done(ns: str) -> bool:
+    """Every proxier's first sync ran to its end: kubeproxy_sync_proxy_rules_last_timestamp_seconds
+    (by ip_family for kube-proxy, one series for ipvsproxy) is set in every series."""
+    try:
+        _, text = http_get_from(ns, f"http://{METRICS}/metrics")
+    except OSError:
+        return False
+    name = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+    values = [
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith((name + " ", name + "{"))
+    ]
+    return bool(values) and min(values) > 0
+
+
 def ipvsproxy_writes(ns: str) -> int:
     """ipvsproxy's own count of kernel write operations since it started."""
     _, text = http_get_from(ns, f"http://{METRICS}/metrics")
@@ -502,10 +520,13 @@ def one_run(
             "cold_cpu_s": proc.cpu_seconds(pid),
             "cold_peak_rss_mib": proc.peak_rss_mib(pid),
         }
+        progress(f"{system}: cold start {result['cold_s']:.1f} s")
+        if system != "kube-router":  # kube-proxy's first sync goes on well past the above
+            synced_at = poll(partial(first_sync_done, node.netns), args.timeout, "first sync")
+            result["first_sync_s"] = synced_at - began
         table = kernel_view.ipvs_table(node.netns)
         result["virtual_servers"] = len(table)
         result["real_servers"] = sum(len(d) for d in table.values())
-        progress(f"{system}: cold start {result['cold_s']:.1f} s")
         try:
             result["changes"] = run_changes(
                 api,

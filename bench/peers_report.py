@@ -160,6 +160,10 @@ def size_table(size: dict[str, Any]) -> list[str]:
     ))  # fmt: skip
     row("cold start", (spread(per_run(runs[s], "cold_s"), unit=" s") for s in systems))
     row(
+        "first sync ended (its own metric)",
+        (spread(per_run(runs[s], "first_sync_s"), unit=" s") for s in systems),
+    )
+    row(
         "cold start, proxy CPU",
         (spread(per_run(runs[s], "cold_cpu_s"), unit=" s") for s in systems),
     )

@@ -1,5 +1,6 @@
-"""bench.peers's change budget: a system whose changes take minutes gets fewer rounds, the
-same number of each kind, and always the first round."""
+"""bench.peers's protocol: the change budget (a system whose changes take minutes gets fewer
+rounds, the same number of each kind, and always the first round) and when a proxy's first
+sync has ended by its own metric (kube-proxy's per IP family, ipvsproxy's one series)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,27 @@ def test_no_round_starts_once_the_budget_is_spent(
     assert {k: len(v) for k, v in out.items()} == {
         f"{k} {d}": rounds for k in peers.KIND_NAMES for d in ("on", "off")
     }
+
+
+KUBE_PROXY_METRICS = """# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge
+kubeproxy_sync_proxy_rules_last_timestamp_seconds{{ip_family="IPv4"}} {v4}
+kubeproxy_sync_proxy_rules_last_timestamp_seconds{{ip_family="IPv6"}} {v6}
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "done"),
+    [
+        (KUBE_PROXY_METRICS.format(v4=0, v6=0), False),
+        (KUBE_PROXY_METRICS.format(v4=1.7e9, v6=0), False),  # its IPv6 proxier not yet
+        (KUBE_PROXY_METRICS.format(v4=1.7e9, v6=1.7e9), True),
+        ("kubeproxy_sync_proxy_rules_last_timestamp_seconds 0\n", False),
+        ("kubeproxy_sync_proxy_rules_last_timestamp_seconds 1.7e9\n", True),
+        ("# not yet registered\n", False),
+    ],
+)
+def test_the_first_sync_has_ended_when_every_series_is_set(
+    monkeypatch: pytest.MonkeyPatch, text: str, done: bool
+) -> None:
+    monkeypatch.setattr(peers, "http_get_from", lambda ns, url: (200, text))
+    assert peers.first_sync_done("node-1") is done
