@@ -521,13 +521,14 @@ def one_run(
             "cold_peak_rss_mib": proc.peak_rss_mib(pid),
         }
         progress(f"{system}: cold start {result['cold_s']:.1f} s")
-        if system != "kube-router":  # kube-proxy's first sync goes on well past the above
-            synced_at = poll(partial(first_sync_done, node.netns), args.timeout, "first sync")
-            result["first_sync_s"] = synced_at - began
         table = kernel_view.ipvs_table(node.netns)
         result["virtual_servers"] = len(table)
         result["real_servers"] = sum(len(d) for d in table.values())
         try:
+            if system != "kube-router":  # kube-proxy's first sync goes on well past the above
+                synced_at = poll(partial(first_sync_done, node.netns), args.timeout, "first sync")
+                result["first_sync_s"] = synced_at - began
+                progress(f"{system}: first sync ended at {result['first_sync_s']:.1f} s")
             result["changes"] = run_changes(
                 api,
                 cluster,
