@@ -49,6 +49,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
 from bench import kernel_view, proc
 from bench.kernel_view import Dest, Prober, VSKey
 from lab.cluster import peers, synthetic
@@ -286,60 +289,39 @@ def start(system: str, node: str, ns: str, ids: Identities, workdir: Path) -> pe
     return peers.Peer("ipvsproxy", ns, argv, workdir)
 
 
-def last_sync(ns: str) -> float:
-    """ipvsproxy's kubeproxy_sync_proxy_rules_last_timestamp_seconds (0 before its first
-    sync has run to its end; -1 while it does not answer yet)."""
+def samples(ns: str) -> list[Sample] | None:
+    """Every sample the proxy's metrics address serves (prometheus-client's parser); None while
+    it does not answer."""
     try:
         _, text = http_get_from(ns, f"http://{METRICS}/metrics")
     except OSError:
-        return -1.0
-    for line in text.splitlines():
-        if line.startswith("kubeproxy_sync_proxy_rules_last_timestamp_seconds "):
-            return float(line.split()[-1])
-    return -1.0
+        return None
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
 
 
 def first_sync_done(ns: str) -> bool:
     """Every proxier's first sync ran to its end: kubeproxy_sync_proxy_rules_last_timestamp_seconds
     (by ip_family for kube-proxy, one series for ipvsproxy) is set in every series."""
-    try:
-        _, text = http_get_from(ns, f"http://{METRICS}/metrics")
-    except OSError:
-        return False
     name = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
-    values = [
-        float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith((name + " ", name + "{"))
-    ]
+    values = [s.value for s in samples(ns) or () if s.name == name]
     return bool(values) and min(values) > 0
 
 
 def ipvsproxy_writes(ns: str) -> int:
     """ipvsproxy's own count of kernel write operations since it started."""
-    _, text = http_get_from(ns, f"http://{METRICS}/metrics")
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("ipvsproxy_netlink_operations_total{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return int(total)
+    name = "ipvsproxy_netlink_operations_total"
+    return int(sum(s.value for s in samples(ns) or () if s.name == name))
 
 
 def own_sync_seconds(ns: str) -> dict[str, dict[str, float]] | None:
     """The proxy's own kubeproxy_sync_proxy_rules_duration_seconds histogram (count and sum
     since it started) by IP family (kube-proxy labels it ``ip_family``, one per proxier it runs;
     ipvsproxy's has no label: ""); None where it is not served."""
-    try:
-        _, text = http_get_from(ns, f"http://{METRICS}/metrics")
-    except OSError:
-        return None
     out: dict[str, dict[str, float]] = {}
-    for line in text.splitlines():
+    for s in samples(ns) or ():
         for part in ("count", "sum"):
-            name = f"kubeproxy_sync_proxy_rules_duration_seconds_{part}"
-            if line.startswith((name + " ", name + "{")):
-                family = line.split('ip_family="', 1)[1].split('"', 1)[0] if "{" in line else ""
-                out.setdefault(family, {})[part] = float(line.split()[-1])
+            if s.name == f"kubeproxy_sync_proxy_rules_duration_seconds_{part}":
+                out.setdefault(s.labels.get("ip_family", ""), {})[part] = s.value
     return out or None
 
 
@@ -620,7 +602,7 @@ def restart(
         if system == "ipvsproxy":
             peer.stop()
             peer = start(system, node.name, ns, ids, workdir)
-            poll(lambda: last_sync(ns) > 0, 1800, "ipvsproxy's first sync")
+            poll(partial(first_sync_done, ns), 1800, "ipvsproxy's first sync")
             proc.wait_idle(peer.proc.pid)
             out["own_writes"] = ipvsproxy_writes(ns)
         return peer, out
