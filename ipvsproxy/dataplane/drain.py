@@ -20,6 +20,7 @@ from ipvsproxy.dataplane.batching import apply_and_record, apply_chunks, isolati
 from ipvsproxy.dataplane.blame import Blame
 from ipvsproxy.dataplane.observed import Observed
 from ipvsproxy.dataplane.statefile import State
+from ipvsproxy.kernel.conntrack import Stale
 from ipvsproxy.kernel.errors import ApplyError
 
 if TYPE_CHECKING:
@@ -99,13 +100,21 @@ class StaleUdpFlows:
 
     def flush(self, backends: Backends, desired: DesiredState, blame: Blame) -> None:
         """Upstream's CleanStaleEntries for the UDP virtual servers whose real servers this
-        sync changed (``backends.conntrack.flush_stale``); a failure fails that Service only."""
+        sync changed, all in one ``backends.conntrack.flush_stale``; a failure fails the
+        Services it names only (a failed read, each of them)."""
         changed, self.changed = self.changed, {}
-        for service, gone in sorted(changed.items()):
-            live = {d.address for d in desired.real_servers.get(service, {})}
-            try:
-                backends.conntrack.flush_stale(service, live, gone)
-            except Exception as exc:
-                why = f"conntrack cleanup of {service}: {type(exc).__name__}: {exc}"
-                self.failed.setdefault(service, set()).update(gone)
+        if not changed:
+            return
+        targets = {
+            service: Stale({d.address for d in desired.real_servers.get(service, {})}, gone)
+            for service, gone in changed.items()
+        }
+        try:
+            outcomes = backends.conntrack.flush_stale(targets)
+        except Exception as exc:
+            outcomes = dict.fromkeys(targets, exc)
+        for service, outcome in sorted(outcomes.items()):
+            if isinstance(outcome, Exception):
+                why = f"conntrack cleanup of {service}: {type(outcome).__name__}: {outcome}"
+                self.failed.setdefault(service, set()).update(changed[service])
                 blame.service(service, why)

@@ -1,4 +1,4 @@
-"""Stale UDP conntrack entries, over netlink (pyroute2's ctnetlink: a rare operation).
+"""Stale UDP conntrack entries, over netlink (pyroute2's ctnetlink).
 
 Upstream's CleanStaleEntries (pkg/proxy/conntrack/cleanup.go): a UDP flow's conntrack entry
 outlives the real server that answered it, and one created while the Service had no endpoint
@@ -10,11 +10,20 @@ server that none of its real servers answers are deleted.
 from __future__ import annotations
 
 import socket
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Collection, Mapping
+from ipaddress import ip_address
+from typing import Any, NamedTuple
 
 from ipvsproxy.core.virtual_servers import ServiceKey
 from ipvsproxy.kernel.errors import Counters
+
+
+class Stale(NamedTuple):
+    """What makes an entry to one UDP virtual server stale: the addresses of its real servers
+    (``live``) and of those a sync removed (``gone``)."""
+
+    live: Collection[str]
+    gone: Collection[str] = ()
 
 
 def stale(reply_source: str, live: Collection[str], gone: Collection[str]) -> bool:
@@ -27,14 +36,20 @@ def stale(reply_source: str, live: Collection[str], gone: Collection[str]) -> bo
     return reply_source not in live if live else reply_source in gone
 
 
+def family(address: str) -> int:
+    return socket.AF_INET6 if ":" in address else socket.AF_INET
+
+
 class Conntrack:
     """Deletes stale UDP conntrack entries (see ``stale``) through pyroute2's ctnetlink socket,
     opened at first use and kept until ``close``.
 
-    Owns that socket and ``counters``; holds no entries. ``flush_stale`` reads only the UDP
-    entries to the one virtual server it is given and returns how many it deleted; a delete
-    that fails (an entry gone meanwhile) is counted as failed and skipped, while a dump the
-    kernel refuses raises pyroute2's error."""
+    Owns that socket and ``counters``; holds no entries. ``flush_stale`` reads the UDP entries
+    of each address family once, whatever the number of virtual servers it is given (each read
+    of pyroute2's socket sets up its transport: a read per virtual server made a cold sync's
+    cleanup cost more than its IPVS writes). A delete that fails (an entry gone meanwhile) is
+    counted as failed and skipped; a read the kernel refuses fails that family's targets. The
+    read is filtered in the kernel for one target, in here for more."""
 
     def __init__(self) -> None:
         self.counters = Counters()
@@ -52,17 +67,35 @@ class Conntrack:
             self._ct.close()
             self._ct = None
 
-    def flush_stale(
-        self, service: ServiceKey, live: Collection[str], gone: Collection[str] = ()
-    ) -> int:
-        """Delete the UDP entries to ``service`` that are ``stale``; returns how many went."""
+    def flush_stale(self, targets: Mapping[ServiceKey, Stale]) -> dict[ServiceKey, int | Exception]:
+        """Delete the UDP entries to each of ``targets`` that are ``stale``; returns how many
+        went for each, or the error that failed it."""
+        outcomes: dict[ServiceKey, int | Exception] = {}
+        for fam in sorted({family(s.address) for s in targets}):
+            of_family = {s: why for s, why in targets.items() if family(s.address) == fam}
+            try:
+                outcomes.update(self._flush_family(fam, of_family))
+            except Exception as exc:  # the read: pyroute2 raises its NetlinkError
+                outcomes.update(dict.fromkeys(of_family, exc))
+        return outcomes
+
+    def _flush_family(self, fam: int, targets: Mapping[ServiceKey, Stale]) -> dict[ServiceKey, int]:
         from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
 
         ct = self._socket()
-        orig = NFCTAttrTuple(proto=socket.IPPROTO_UDP, daddr=service.address, dport=service.port)
-        deleted = 0
-        for entry in list(ct.dump_entries(tuple_orig=orig)):
-            if not stale(str(entry.tuple_reply.saddr), live, gone):
+        by_dest = {(ip_address(s.address), s.port): s for s in targets}
+        deleted = dict.fromkeys(targets, 0)
+        match: dict[str, Any] = {"family": fam, "proto": socket.IPPROTO_UDP}
+        if len(targets) == 1:  # the kernel filters one virtual server's entries
+            (only,) = targets
+            match.update(daddr=only.address, dport=only.port)
+        for entry in list(ct.dump_entries(tuple_orig=NFCTAttrTuple(**match))):
+            orig = entry.tuple_orig
+            service = by_dest.get((ip_address(orig.daddr), orig.dport))
+            if service is None:
+                continue
+            why = targets[service]
+            if not stale(str(entry.tuple_reply.saddr), why.live, why.gone):
                 continue
             try:
                 ct.delete(entry)
@@ -70,5 +103,5 @@ class Conntrack:
                 self.counters.count("delete_conntrack", False)
                 continue
             self.counters.count("delete_conntrack", True)
-            deleted += 1
+            deleted[service] += 1
         return deleted

@@ -35,6 +35,7 @@ from ipvsproxy.core.virtual_servers import (
     Traffic,
     VirtualServer,
 )
+from ipvsproxy.kernel.conntrack import Stale
 from ipvsproxy.kernel.errors import Counters
 from ipvsproxy.kernel.iptables import Observed
 
@@ -187,12 +188,13 @@ class ConntrackBackend(Protocol):
 
     counters: Counters
 
-    def flush_stale(
-        self, service: ServiceKey, live: Collection[str], gone: Collection[str] = ()
-    ) -> int:
-        """Delete the UDP entries to ``service`` that ``conntrack.stale`` says go (answered by
-        none of the ``live`` real servers' addresses, or by one of those ``gone`` when none is
-        live); returns how many went. One that went meanwhile is counted as failed."""
+    def flush_stale(self, targets: Mapping[ServiceKey, Stale]) -> dict[ServiceKey, int | Exception]:
+        """For each UDP virtual server of ``targets``, delete its entries that
+        ``conntrack.stale`` says go (answered by none of its ``live`` real servers' addresses,
+        or by one of those ``gone`` when none is live). The UDP table of each address family is
+        read once for them all. Returns each target's outcome: how many of its entries went, or
+        the error that failed it (a read the kernel refuses fails every target of that family).
+        An entry that went meanwhile is counted as failed."""
         ...
 
     def close(self) -> None: ...

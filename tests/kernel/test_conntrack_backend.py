@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ipvsproxy.core.virtual_servers import Protocol, ServiceKey
-from ipvsproxy.kernel.conntrack import Conntrack
+from ipvsproxy.kernel.conntrack import Conntrack, Stale
 from lab.net import netns
 from lab.net.topology import Cluster, Node, Pod
 
@@ -36,17 +36,53 @@ def check(cluster: Cluster, n1: Node, client: Pod, a: Pod, b: Pod) -> None:
     before = flows(lab_cluster, n1.netns)
     assert f"dst={b.ip}" in before
     key = ServiceKey(b.ip, Protocol.UDP, 8080)
+    other = lab_cluster.node("node-3").pods[0].ip
+    key3 = ServiceKey(other, Protocol.UDP, 8080)
     with netns.entered(n1.netns):
         ct = Conntrack()
         try:
-            kept = ct.flush_stale(key, live={b.ip})  # answered by a live real server: kept
-            # None live: only those answered by a removed real server go; another: nothing.
-            none = ct.flush_stale(key, live=set(), gone={a.ip})
+            # Answered by a live real server: kept; none live: only those answered by a
+            # removed real server go, another's stay. Two targets: one read of the table.
+            kept = ct.flush_stale({key: Stale({b.ip}), key3: Stale(set(), {a.ip})})
             assert flows(lab_cluster, n1.netns).count(f"dst={b.ip}") == before.count(f"dst={b.ip}")
-            gone = ct.flush_stale(key, live={a.ip})  # not answered by a live one: goes
+            # One target (filtered in the kernel): not answered by a live one, it goes.
+            gone = ct.flush_stale({key: Stale({a.ip})})
         finally:
             ct.close()
-    assert kept == 0 and none == 0 and gone == 1
+    assert kept == {key: 0, key3: 0} and gone == {key: 1}
     after = flows(lab_cluster, n1.netns)
     assert f"dst={b.ip}" not in after
-    assert f"dst={lab_cluster.node('node-3').pods[0].ip}" in after
+    assert f"dst={other}" in after
+    assert ct.counters.ok == {"delete_conntrack": 1}
+
+
+def test_flush_stale_cleans_many_virtual_servers_from_one_read(lab_cluster: Cluster) -> None:
+    """Several targets: each one's stale entries go, whatever else the table holds."""
+    n1 = lab_cluster.node("node-1")
+    client = n1.pods[1]
+    targets = [lab_cluster.node(n).pods[0] for n in ("node-2", "node-3")] + [n1.pods[0]]
+    rule = ["FORWARD", "-m", "conntrack", "--ctstate", "NEW", "-j", "ACCEPT"]
+    lab_cluster.exec(n1.netns, "iptables", "-A", *rule)
+    try:
+        for i, pod in enumerate(targets):
+            netns.udp_request(client.netns, pod.ip, 8080, source_port=42000 + i)
+    finally:
+        lab_cluster.exec(n1.netns, "iptables", "-D", *rule)
+    keys = [ServiceKey(p.ip, Protocol.UDP, 8080) for p in targets]
+    table = flows(lab_cluster, n1.netns)  # with the tests' before: the cluster is shared
+    to = [table.count(f"dst={p.ip} sport=") for p in targets]  # original tuples only
+    assert min(to) >= 1, table
+    with netns.entered(n1.netns):
+        ct = Conntrack()
+        try:
+            # The first two: answered by no live one (stale); the third: its live one answers.
+            out = ct.flush_stale(
+                {keys[0]: Stale({"10.244.9.9"}), keys[1]: Stale({"10.244.9.9"}),
+                 keys[2]: Stale({targets[2].ip})}
+            )  # fmt: skip
+        finally:
+            ct.close()
+    left = flows(lab_cluster, n1.netns)
+    assert out == {keys[0]: to[0], keys[1]: to[1], keys[2]: 0}, (out, left)
+    assert f"dst={targets[0].ip}" not in left and f"dst={targets[1].ip}" not in left
+    assert f"dst={targets[2].ip}" in left

@@ -43,12 +43,16 @@ def web(*ips: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return service("web", WEB.address), [endpoint_slice("web", [endpoint(ip) for ip in ips])]
 
 
-def dns(*ips: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def udp(name: str, ip: str, *ips: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     ports = [{"name": "dns", "port": 53, "protocol": "UDP"}]
     slice_ports = [{"name": "dns", "port": 5353, "protocol": "UDP"}]
-    return service("dns", DNS.address, ports=ports), [
-        endpoint_slice("dns", [endpoint(ip) for ip in ips], ports=slice_ports)
+    return service(name, ip, ports=ports), [
+        endpoint_slice(name, [endpoint(i) for i in ips], ports=slice_ports)
     ]
+
+
+def dns(*ips: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    return udp("dns", DNS.address, *ips)
 
 
 def node_port(name: str, ip: str, port: int, *ips: str) -> tuple[Any, list[Any]]:
@@ -268,6 +272,51 @@ def test_a_removed_udp_real_server_goes_at_once_with_its_conntrack_entries(
     # Nothing changed: nothing flushed.
     ok(n.sync())
     assert len(n.kernel.conntrack.flushes) == 3
+
+
+def test_a_sync_reads_the_conntrack_table_once_for_all_its_udp_services(
+    tmp_path: Path,
+) -> None:
+    """Every UDP virtual server a sync changed is cleaned from one read of the table: one
+    read each made a cold sync's cleanup cost more than its IPVS writes."""
+    n = node(tmp_path)
+    for i in range(5):
+        put(n, f"dns{i}", udp(f"dns{i}", f"10.96.1.{i + 1}", POD_A, POD_B))
+    ok(n.sync())
+    assert n.kernel.conntrack.reads == 1
+    assert len(n.kernel.conntrack.flushes) == 5
+    for i in range(3):
+        put(n, f"dns{i}", udp(f"dns{i}", f"10.96.1.{i + 1}", POD_A))
+    ok(n.sync())
+    assert n.kernel.conntrack.reads == 2
+    assert {f[0].address for f in n.kernel.conntrack.flushes[5:]} == {
+        "10.96.1.1", "10.96.1.2", "10.96.1.3"
+    }  # fmt: skip
+
+
+def test_a_failed_conntrack_read_fails_each_service_it_was_for_and_is_retried(
+    tmp_path: Path,
+) -> None:
+    n = node(tmp_path)
+    ok(n.sync())
+    k = n.kernel
+
+    def refused(_targets: Any) -> Any:
+        raise Boom("NetlinkError(1, 'Operation not permitted')")
+
+    real = k.conntrack.flush_stale
+    k.conntrack.flush_stale = refused  # type: ignore[method-assign,assignment]
+    put(n, "web", web(POD_A, POD_B))
+    put(n, "dns0", udp("dns0", "10.96.1.1", POD_A))
+    put(n, "dns1", udp("dns1", "10.96.1.2", POD_B))
+    result = n.sync()
+    assert sorted(result.failed) == ["default/dns0", "default/dns1"], result.failed
+    assert "Operation not permitted" in result.failed["default/dns0"]
+    k.conntrack.flush_stale = real  # type: ignore[method-assign]
+    n.now[0] += 1.0
+    ok(n.sync())
+    assert n.dp.failed == {}
+    assert {f[0].address for f in k.conntrack.flushes} == {"10.96.1.1", "10.96.1.2"}
 
 
 # -- foreign state -----------------------------------------------------------------------------
