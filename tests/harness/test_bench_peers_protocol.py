@@ -1,6 +1,8 @@
 """bench.peers's protocol: the change budget (a system whose changes take minutes gets fewer
 rounds, the same number of each kind, and always the first round) and when a proxy's first
-sync has ended by its own metric (kube-proxy's per IP family, ipvsproxy's one series)."""
+sync has ended by its own metric (kube-proxy's per IP family, ipvsproxy's one series), and
+when a cold start has ended (the last virtual server in, found without reading the whole table
+over and over)."""
 
 from __future__ import annotations
 
@@ -75,3 +77,58 @@ def test_the_first_sync_has_ended_when_every_series_is_set(
 ) -> None:
     monkeypatch.setattr(peers, "http_get_from", lambda ns, url: (200, text))
     assert peers.first_sync_done("node-1") is done
+
+
+class Programming:
+    """A kernel a proxy fills at one virtual server per 10 ms of a fake clock; each read of
+    one virtual server costs 1 ms, each read of the whole table 2 s."""
+
+    def __init__(self, clock: Clock, keys: list[Any], dests: set[Any], removed: Any = None):
+        self.clock, self.keys, self.dests, self.removed = clock, keys, dests, removed
+        self.whole_reads = 0
+
+    def held(self) -> list[Any]:
+        n = int(self.clock.now / 0.01)
+        return [k for k in self.keys[:n] if k != self.removed]
+
+    def active(self, vs: Any) -> set[Any] | None:
+        self.clock.now += 0.001
+        return set(self.dests) if vs in self.held() else None
+
+    def table(self) -> dict[Any, dict[Any, int]]:
+        held = self.held()  # the state as the read starts; it ends 2 s later
+        self.clock.now += 2.0
+        self.whole_reads += 1
+        return {vs: dict.fromkeys(self.dests, 1) for vs in held}
+
+
+@pytest.mark.parametrize("count", [1, 40, 2000])
+def test_the_cold_start_ends_when_the_last_virtual_server_is_in_and_reads_little(
+    monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr("bench.peers.time.monotonic", clock.monotonic)
+    monkeypatch.setattr("bench.peers.time.sleep", lambda s: setattr(clock, "now", clock.now + s))
+    keys = [("TCP", f"10.96.{i // 250}.{i % 250}", 80) for i in range(count)]
+    dests = {("10.244.1.2", 8080)}
+    kernel = Programming(clock, keys, dests)
+    expected = dict.fromkeys(keys, dests)
+    at = peers.wait_programmed(expected, 3600, kernel.active, kernel.table)
+    last_in = count * 0.01
+    assert at >= last_in  # never before the kernel holds them all
+    # Late by less than one read of the whole table, which is read at most three times.
+    assert at - last_in < 2.0, (at, last_in)
+    assert kernel.whole_reads <= 3, kernel.whole_reads
+
+
+def test_the_cold_start_waits_for_a_virtual_server_that_went_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr("bench.peers.time.monotonic", clock.monotonic)
+    monkeypatch.setattr("bench.peers.time.sleep", lambda s: setattr(clock, "now", clock.now + s))
+    keys = [("UDP", f"10.96.0.{i}", 53) for i in range(100)]
+    dests = {("10.244.1.2", 5353)}
+    kernel = Programming(clock, keys, dests, removed=keys[7])
+    with pytest.raises(TimeoutError, match="cold start: not seen within 60 s"):
+        peers.wait_programmed(dict.fromkeys(keys, dests), 60, kernel.active, kernel.table)
