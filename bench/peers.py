@@ -9,7 +9,8 @@ gets a fresh one-node lab topology (a new network namespace: an empty IPVS table
 trash list left by the run before) and, in turn:
 
 - **cold start**: the proxy is started; the time until the kernel holds every Service's
-  cluster-IP virtual server with all its endpoints active (the IPVS table polled from outside),
+  cluster-IP virtual server with all its endpoints active (read from outside: see
+  ``wait_programmed``),
   and the proxy's CPU seconds until then; then, for ipvsproxy and kube-proxy, until their own
   metric says their first sync has ended (kube-proxy's goes on long after its virtual servers
   are in: it adds each ipset entry with one ``ipset add`` process). Changes start after that;
