@@ -33,6 +33,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch import watch as _k8s_watch
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
+from ipvsproxy.kube.list_json import walk_list
+
 log = logging.getLogger("ipvsproxy.kube.informer")
 iter_resp_lines: Callable[[Any], Any] = _k8s_watch.iter_resp_lines
 
@@ -295,9 +297,17 @@ class Informer:
         self.resource_version = rv
         self.synced.set()
 
-    def _get(self, **params: Any) -> Any:
+    def _get(self, into: dict[str, Kept], **params: Any) -> dict[str, Any]:
+        """One list request: each item, as it is decoded, transformed into ``into`` (see
+        ``list_json``); returns the list's other fields."""
         resp = self.list_fn(_preload_content=False, _request_timeout=LIST_TIMEOUT, **params)
-        return json.loads(resp.data)
+        text = resp.data.decode()
+        del resp
+
+        def keep(item: Obj) -> None:
+            into[key_of(item)] = self.transform(item)
+
+        return walk_list(text, keep)
 
     def _list_at(self, rv: str) -> tuple[dict[str, Kept], str | None]:
         """The objects and resourceVersion of a list at ``rv`` (client-go's pager: a later page
@@ -310,16 +320,16 @@ class Informer:
         list_rv: str | None = None
         while True:
             try:
-                body = self._get(**params, **self.selectors)
+                body = self._get(fresh, **params, **self.selectors)
             except Exception as exc:
                 if not (_expired(exc) and params.get("_continue")):
                     raise
-                body, fresh = self._get(resource_version=rv or None, **self.selectors), {}
+                fresh = {}
+                body = self._get(fresh, resource_version=rv or None, **self.selectors)
                 list_rv = None
-            list_rv = list_rv or body["metadata"].get("resourceVersion")
-            for item in body.get("items") or []:
-                fresh[key_of(item)] = self.transform(item)
-            token = body["metadata"].get("continue")
+            metadata = body.get("metadata") or {}
+            list_rv = list_rv or metadata.get("resourceVersion")
+            token = metadata.get("continue")
             if not token:
                 return fresh, list_rv
             # The API refuses a resourceVersion together with a continue token.
