@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Collection, Mapping
-from ipaddress import ip_address
+from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any, NamedTuple
 
 from ipvsproxy.core.virtual_servers import ServiceKey
@@ -40,16 +40,25 @@ def family(address: str) -> int:
     return socket.AF_INET6 if ":" in address else socket.AF_INET
 
 
+def _destination(entry: Any) -> tuple[IPv4Address | IPv6Address, int] | None:
+    """An entry's original destination (address, port); None for one without them."""
+    orig = entry.tuple_orig
+    try:
+        return ip_address(orig.daddr), int(orig.dport)
+    except (TypeError, ValueError):
+        return None
+
+
 class Conntrack:
     """Deletes stale UDP conntrack entries (see ``stale``) through pyroute2's ctnetlink socket,
     opened at first use and kept until ``close``.
 
     Owns that socket and ``counters``; holds no entries. ``flush_stale`` reads the UDP entries
-    of each address family once, whatever the number of virtual servers it is given (each read
-    of pyroute2's socket sets up its transport: a read per virtual server made a cold sync's
-    cleanup cost more than its IPVS writes). A delete that fails (an entry gone meanwhile) is
-    counted as failed and skipped; a read the kernel refuses fails that family's targets. The
-    read is filtered in the kernel for one target, in here for more."""
+    of each address family once a call, whatever the number of virtual servers it is given:
+    each pyroute2 call sets up and tears down its own transport (docs/performance.md). The
+    read is filtered in the kernel for one target, in here for more. A delete that fails (an
+    entry gone meanwhile) is counted as failed and skipped; a read the kernel refuses fails
+    that family's targets."""
 
     def __init__(self) -> None:
         self.counters = Counters()
@@ -90,8 +99,8 @@ class Conntrack:
             (only,) = targets
             match.update(daddr=only.address, dport=only.port)
         for entry in list(ct.dump_entries(tuple_orig=NFCTAttrTuple(**match))):
-            orig = entry.tuple_orig
-            service = by_dest.get((ip_address(orig.daddr), orig.dport))
+            dest = _destination(entry)
+            service = by_dest.get(dest) if dest is not None else None
             if service is None:
                 continue
             why = targets[service]

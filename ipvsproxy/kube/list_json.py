@@ -1,12 +1,10 @@
 """A list's JSON decoded one item at a time.
 
-A list the watch cache answers (resourceVersion "0") holds every object at once, and
-``json.loads`` of it keeps every object decoded at once: at 5,000 x 10 the Services and
-EndpointSlices lists decoded whole were ~30 and ~65 MiB of dicts (managedFields included), held
-together while both informers listed, then slimmed and let go. The process's peak memory, and
-the heap it keeps, followed. ``walk_list`` hands each item to its caller as soon as it is
-decoded (the caller keeps only what it transforms it to), with ``json``'s own C decoder.
-"""
+A list is never held decoded whole: the watch cache answers a list at resourceVersion "0" with
+every object at once, and decoded whole those dicts (managedFields and all) were the daemon's
+peak memory, and the heap it then keeps (docs/performance.md). ``walk_list`` hands each item to
+its caller as soon as it is decoded, with ``json``'s own C decoder; the caller keeps only what
+it makes of it."""
 
 from __future__ import annotations
 
