@@ -373,8 +373,11 @@ class Informer:
             if _expired(exc):
                 return self._gone(exc)
             raise
-        except (ReadTimeoutError, ProtocolError) as exc:
-            # Silent for read_timeout, or cut: urllib3 has closed that connection.
+        except ReadTimeoutError as exc:
+            # Silent for read_timeout: routine for an idle resource (bookmarks come about
+            # once a minute), so not worth an operator's attention.
+            log.debug("%s: watch silent (%s); resuming", self.name, exc)
+        except ProtocolError as exc:  # cut: urllib3 has closed that connection
             log.info("%s: watch stream ended (%s); resuming", self.name, exc)
         finally:
             resp.release_conn()

@@ -289,8 +289,11 @@ def test_401_and_403_back_off_and_say_what_to_fix(
 
 
 def test_a_silent_watch_is_dropped_after_the_read_timeout_and_resumed(
-    serve: Serve, stop: threading.Event
+    serve: Serve, stop: threading.Event, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Quietly: an idle resource's watch is silent for the read timeout every time (the API
+    server's bookmarks come about once a minute), so its resumption is logged at debug level."""
+
     def answer(q: Query) -> Answer:
         if q.get("watch") != "true":
             return service_list("10", ["a"])
@@ -305,11 +308,15 @@ def test_a_silent_watch_is_dropped_after_the_read_timeout_and_resumed(
         read_timeout=1.5,
     )
     thread = threading.Thread(target=inf.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20  # a failure bound only: the read timeout is 1.5 s
-    while len(fake.watches()) < 2:
-        assert time.monotonic() < deadline, "the silent watch was never noticed"
-        time.sleep(0.05)
+    with caplog.at_level(logging.DEBUG, logger="ipvsproxy.kube.informer"):
+        thread.start()
+        deadline = time.monotonic() + 20  # a failure bound only: the read timeout is 1.5 s
+        while len(fake.watches()) < 2:
+            assert time.monotonic() < deadline, "the silent watch was never noticed"
+            time.sleep(0.05)
+    resumed = [r for r in caplog.records if "resuming" in r.getMessage()]
+    assert resumed, caplog.records
+    assert all(r.levelno == logging.DEBUG for r in resumed), [r.levelname for r in resumed]
     # Resumed from where it was, without a relist.
     assert [q.get("resourceVersion") for q in fake.watches()] == ["10", "10"]
     assert len(fake.lists()) == 1
