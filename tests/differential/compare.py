@@ -276,6 +276,33 @@ def diff_traffic(
     ]
 
 
+REPROBES = 2  # times a traffic difference is probed again before it counts
+
+
+def reprobe(
+    diffs: list[Difference],
+    probe: Callable[[set[str]], tuple[Mapping[str, object], Mapping[str, object]]],
+    times: int = REPROBES,
+) -> tuple[list[Difference], list[Difference]]:
+    """Each traffic difference of ``diffs`` probed again on both nodes (``probe``: the probes
+    of the shapes named, upstream's and ours) up to ``times`` times: (those that differed
+    every time, those the two nodes answered the same at a re-probe).
+
+    One node is probed seconds after the other, so the slow end of a step (a drained real
+    server deleted, an affinity template on a weight-0 real server expiring) or one request
+    lost in the busy guest can fall on one node's probes only; a difference in what the
+    proxies programmed shows at every probe."""
+    transient: list[Difference] = []
+    for _ in range(times):
+        if not diffs:
+            break
+        upstream, ours = probe({d.shape for d in diffs})
+        still = [d for d in diffs if upstream.get(d.key) != ours.get(d.key)]
+        transient += [d for d in diffs if d not in still]
+        diffs = still
+    return diffs, transient
+
+
 # Allowed differences ---------------------------------------------------------------------
 
 

@@ -133,3 +133,21 @@ def test_a_draining_real_server_on_one_node_only_is_drain_timing() -> None:
         Difference("ipvs", key, "masq w1", "masq w0"),
     ]
     assert compare.unexplained(wrong)[0] == wrong
+
+
+def test_a_traffic_difference_counts_only_if_every_reprobe_shows_it() -> None:
+    """Probed again: one the nodes answer the same is transient, one they never do stays, and
+    only the shapes still differing are probed."""
+    lost = Difference("traffic", "a/80 TCP nodePort from pod", ("x",), ("x", "timeout"), "a")
+    kept = Difference("traffic", "b/80 TCP clusterIP from pod", ("x",), "timeout", "b")
+    asked: list[set[str]] = []
+
+    def probe(shapes: set[str]) -> tuple[dict[str, object], dict[str, object]]:
+        asked.append(shapes)
+        up: dict[str, object] = {lost.key: ("x",), kept.key: ("x",)}
+        return up, {lost.key: ("x",), kept.key: "timeout"}
+
+    still, transient = compare.reprobe([lost, kept], probe)
+    assert (still, transient) == ([kept], [lost])
+    assert asked == [{"a", "b"}, {"b"}]
+    assert compare.reprobe([kept], probe, times=0) == ([kept], [])
