@@ -4,7 +4,7 @@ as ratios of ipvsproxy to each peer measured in the same guest boot."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 SYSTEMS = ("ipvsproxy", "kube-proxy", "kube-router")
@@ -170,25 +170,45 @@ def size_table(size: dict[str, Any]) -> list[str]:
     row("changes of each kind measured (all runs)", (
         changes_measured(runs[s]) for s in systems
     ))  # fmt: skip
+    # A row per kind of change some system measured ("-" for one that measured none of it).
     for kind in KINDS:
-        row(f"{kind}: latency median (p95)", (
-            "{} ({})".format(*(_ms(x) for x in latency(runs[s], [kind]))) for s in systems
-        ))  # fmt: skip
+        if any(_changes(runs[s], [kind]) for s in systems):
+            row(f"{kind}: latency median (p95)", (
+                "{} ({})".format(*(_ms(x) for x in latency(runs[s], [kind])))
+                if _changes(runs[s], [kind]) else "-" for s in systems
+            ))  # fmt: skip
     for label, kinds in (
         ("one endpoint change", ENDPOINT_KINDS),
         ("Service added or deleted", KINDS[4:]),
     ):
-        row(f"{label}, proxy CPU (mean; windows with a periodic sync left out)", (
-            "{} ({} of {} left out)".format(
-                _ms(change_cpu(runs[s], kinds)), *cpu_outliers(runs[s], kinds)
-            ) for s in systems
-        ))  # fmt: skip
+        if any(_changes(runs[s], kinds) for s in systems):
+            row(f"{label}, proxy CPU (mean; windows with a periodic sync left out)", (
+                "{} ({} of {} left out)".format(
+                    _ms(change_cpu(runs[s], kinds)), *cpu_outliers(runs[s], kinds)
+                ) if _changes(runs[s], kinds) else "-" for s in systems
+            ))  # fmt: skip
     row("its own sync duration metric, mean (syncs)", (own_syncs(runs[s]) for s in systems))
-    for sub, label in (("idle_cpu_s_per_min", "idle"), ("busy_cpu_s_per_min", "1 change/s")):
-        row(f"steady CPU, {label}", (
-            spread(per_run(runs[s], "steady", sub), unit=" s/min") for s in systems
-        ))  # fmt: skip
+    _resource_rows(runs, systems, row)
+    return rows
+
+
+def _resource_rows(
+    runs: dict[str, Any], systems: Sequence[str], row: Callable[[str, Iterable[str]], None]
+) -> None:
+    """Steady state, peak RSS and restart: the rows of the parts some run measured (a scaling
+    run measures neither steady state nor restart)."""
+
+    def measured(key: str) -> bool:
+        return any(key in r for s in systems for r in runs[s])
+
+    if measured("steady"):
+        for sub, label in (("idle_cpu_s_per_min", "idle"), ("busy_cpu_s_per_min", "1 change/s")):
+            row(f"steady CPU, {label}", (
+                spread(per_run(runs[s], "steady", sub), unit=" s/min") for s in systems
+            ))  # fmt: skip
     row("peak RSS", (spread(per_run(runs[s], "peak_rss_mib"), "{:.0f}", " MiB") for s in systems))
+    if not measured("restart"):
+        return
     row("peak RSS: at cold start / restarted process", (
         " / ".join((
             spread(per_run(runs[s], "cold_peak_rss_mib"), "{:.0f}", " MiB"),
@@ -206,9 +226,9 @@ def size_table(size: dict[str, Any]) -> list[str]:
         spread(per_run(runs[s], "restart", "own_writes"), "{:.0f}") for s in systems
     ))  # fmt: skip
     row("restart: established connection", (
-        ", ".join(sorted({str(r["restart"].get("connection")) for r in runs[s]})) for s in systems
+        ", ".join(sorted({str((r.get("restart") or {}).get("connection")) for r in runs[s]}))
+        for s in systems
     ))  # fmt: skip
-    return rows
 
 
 def ratios(size: dict[str, Any], peer: str) -> dict[int, float]:

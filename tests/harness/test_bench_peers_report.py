@@ -151,3 +151,21 @@ def test_the_size_table_says_how_many_changes_and_each_proxys_own_sync_time() ->
     assert counts.endswith("| 40 | 4 | 40 |")
     own = next(r for r in rows if r.startswith("| its own sync duration"))
     assert own.endswith("| 10.0 ms (2) | 50,000 ms (10); 500 ms (1) IPv6 | - |")
+
+
+def test_a_run_of_some_kinds_reports_those_only() -> None:
+    """A scaling run measures endpoints added and removed, no steady state nor restart: its
+    report has rows for what it measured, "-" for a system without them, and no others."""
+    d = data()
+    for runs in d["sizes"][0]["runs"].values():
+        for r in runs:
+            r["changes"] = {k: r["changes"][k] for k in ("endpoint added", "endpoint removed")}
+            del r["steady"], r["restart"]
+    d["sizes"][0]["runs"]["kube-router"][0]["changes"]["endpoint removed"] = []
+    d["sizes"][0]["runs"]["kube-router"][1]["changes"]["endpoint removed"] = []
+    text = "\n".join(peers_report.report(d))
+    assert "| endpoint added: latency median (p95) |" in text
+    removed = next(line for line in text.splitlines() if line.startswith("| endpoint removed"))
+    assert removed.endswith("| - |")
+    assert "not ready" not in text and "Service added or deleted" not in text
+    assert "| one endpoint change, proxy CPU" in text
