@@ -86,3 +86,35 @@ def test_flush_stale_cleans_many_virtual_servers_from_one_read(lab_cluster: Clus
     assert out == {keys[0]: to[0], keys[1]: to[1], keys[2]: 0}, (out, left)
     assert f"dst={targets[0].ip}" not in left and f"dst={targets[1].ip}" not in left
     assert f"dst={targets[2].ip}" in left
+
+
+def test_flush_stale_leaves_a_tcp_flow_to_a_udp_targets_address_and_port(
+    lab_cluster: Cluster,
+) -> None:
+    """Several targets (the read filtered here, not in the kernel): a TCP flow to a UDP
+    target's address and port is not that target's, and stays."""
+    n1 = lab_cluster.node("node-1")
+    client = n1.pods[1]
+    a, b = (lab_cluster.node(n).pods[0] for n in ("node-2", "node-3"))
+    rule = ["FORWARD", "-m", "conntrack", "--ctstate", "NEW", "-j", "ACCEPT"]
+    lab_cluster.exec(n1.netns, "iptables", "-A", *rule)
+    try:
+        netns.udp_request(client.netns, a.ip, 8080, source_port=43000)
+        netns.udp_request(client.netns, b.ip, 8080, source_port=43001)
+        netns.tcp_request(client.netns, a.ip, 8080)
+    finally:
+        lab_cluster.exec(n1.netns, "iptables", "-D", *rule)
+    tcp = lab_cluster.exec(n1.netns, "conntrack", "-L", "-p", "tcp").stdout
+    tcp_to_a = tcp.count(f"dst={a.ip} sport=")
+    assert tcp_to_a >= 1, tcp
+    ka, kb = ServiceKey(a.ip, Protocol.UDP, 8080), ServiceKey(b.ip, Protocol.UDP, 8080)
+    with netns.entered(n1.netns):
+        ct = Conntrack()
+        try:
+            out = ct.flush_stale({ka: Stale({"10.244.9.9"}), kb: Stale({"10.244.9.9"})})
+        finally:
+            ct.close()
+    assert all(isinstance(n, int) and n >= 1 for n in out.values()) and len(out) == 2, out
+    after = lab_cluster.exec(n1.netns, "conntrack", "-L", "-p", "tcp").stdout
+    assert after.count(f"dst={a.ip} sport=") == tcp_to_a, after
+    assert f"dst={a.ip}" not in flows(lab_cluster, n1.netns)
