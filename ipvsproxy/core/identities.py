@@ -21,6 +21,13 @@ ROLE_EXTERNAL_IP = "ExternalIP"
 ROLE_LOAD_BALANCER = "LoadBalancer"
 ROLE_NODE_PORT = "NodePort"
 
+# Which rule chose a virtual server's endpoints (core.topology): a traffic policy Local (this
+# node's), Cluster without topology (all), or the topology mode the hints gave.
+TOPOLOGY_LOCAL = "Local"
+TOPOLOGY_CLUSTER = "Cluster"
+TOPOLOGY_SAME_ZONE = "PreferSameZone"
+TOPOLOGY_SAME_NODE = "PreferSameNode"
+
 
 # The names are named tuples: the planner makes one per virtual server and one per endpoint
 # (100,000s at a cold sync), and a tuple is built in C (a frozen dataclass's __init__ sets each
@@ -33,6 +40,7 @@ class VirtualServerIdentity(NamedTuple):
     port: int  # the Service port (a NodePort virtual server listens on another one)
     type: str  # the Service's spec.type
     role: str  # ROLE_*
+    topology: str = ""  # TOPOLOGY_*: which rule chose its endpoints ("": unknown)
 
     @property
     def label(self) -> str:
@@ -70,21 +78,27 @@ class ServiceIdentity:
         # the state file's first snapshot renders every Service, so this is on a hot path.
         return {
             "virtualServers": sorted(
-                [*k, i.port_name, i.port, i.type, i.role] for k, i in self.virtual_servers.items()
+                [*k, i.port_name, i.port, i.type, i.role, i.topology]
+                for k, i in self.virtual_servers.items()
             ),
             "endpoints": [[a, e.pod, e.node] for a, e in sorted(self.endpoints.items())],
         }
 
     @classmethod
     def from_json(cls, service: str, data: Mapping[str, Any]) -> ServiceIdentity:
-        vs = {
-            ServiceKey(a, Protocol(p), int(port)): VirtualServerIdentity(
-                service, str(name), int(sport), str(stype), str(role)
-            )
-            for a, p, port, name, sport, stype, role in data.get("virtualServers", [])
-        }
+        vs = dict(_vs_identity(service, row) for row in data.get("virtualServers", []))
         eps = {str(a): EndpointIdentity(pod, node) for a, pod, node in data.get("endpoints", [])}
         return cls.of(vs, eps)
+
+
+def _vs_identity(service: str, row: Any) -> tuple[ServiceKey, VirtualServerIdentity]:
+    # (a state file written before topology was recorded has no topology: "")
+    a, p, port, name, sport, stype, role, *rest = row
+    topology = str(rest[0]) if rest else ""
+    key = ServiceKey(a, Protocol(p), int(port))
+    return key, VirtualServerIdentity(
+        service, str(name), int(sport), str(stype), str(role), topology
+    )
 
 
 def identities_to_json(by_service: Mapping[str, ServiceIdentity]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ipvsproxy.core import identities, ipset_specs
+from ipvsproxy.core import identities, ipset_specs, topology
 from ipvsproxy.core.service_ports import (
     Endpoint,
     InvalidObject,
@@ -47,6 +47,7 @@ class NodeFacts:
     node_ips: tuple[str, ...] = ()  # addresses that carry NodePorts
     local_addresses: frozenset[str] = frozenset()  # on interfaces other than kube-ipvs0
     primary_ip: str | None = None
+    zone: str = ""  # its topology.kubernetes.io/zone label ("": none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +107,14 @@ class _Builder:
         # (cluster IP, node ports, load-balancer VIPs) mostly share one, and so its mapping.
         self._last: tuple[list[Endpoint], dict[DestKey, DestKey]] | None = None
 
-    def add_vs(
-        self, vs: VirtualServer, endpoints: list[Endpoint], sp: ServicePort, role: str
-    ) -> None:
+    def add_vs(self, vs: VirtualServer, endpoints: Chosen, sp: ServicePort, role: str) -> None:
         self.vs[vs.key] = vs
         self.ids[vs.key] = identities.VirtualServerIdentity(
-            sp.service, sp.name, sp.port, sp.type, role
+            sp.service, sp.name, sp.port, sp.type, role, endpoints.rule
         )
+        self._add_rs(vs, endpoints.endpoints)
+
+    def _add_rs(self, vs: VirtualServer, endpoints: list[Endpoint]) -> None:
         if self._last is not None and self._last[0] is endpoints:
             self.rs[vs.key] = self._last[1]
             return
@@ -144,10 +146,20 @@ class _Builder:
         )
 
 
-def _usable(endpoints: list[Endpoint]) -> list[Endpoint]:
-    """Ready endpoints; when none, the serving ones that are terminating (upstream's rule)."""
-    ready = [e for e in endpoints if e.ready]
-    return ready or [e for e in endpoints if e.serving and e.terminating]
+@dataclass(frozen=True, slots=True)
+class Chosen:
+    """The endpoints a virtual server sends to, and the rule that chose them (for status):
+    identities.TOPOLOGY_LOCAL, _CLUSTER, _SAME_ZONE or _SAME_NODE."""
+
+    endpoints: list[Endpoint]
+    rule: str
+
+
+_RULES = {
+    topology.NO_TOPOLOGY: identities.TOPOLOGY_CLUSTER,
+    topology.SAME_ZONE: identities.TOPOLOGY_SAME_ZONE,
+    topology.SAME_NODE: identities.TOPOLOGY_SAME_NODE,
+}
 
 
 def _virtual_server(sp: ServicePort, address: str, port: int, cfg: PlanConfig) -> VirtualServer:
@@ -163,17 +175,18 @@ def _plan_port(
     b: _Builder, sp: ServicePort, endpoints: list[Endpoint], node: NodeFacts, cfg: PlanConfig
 ) -> None:
     proto = sp.protocol.value.lower()
-    cluster = _usable(endpoints)
-    local = _usable([e for e in endpoints if e.node == node.name])
+    cluster_eps, mode = topology.cluster_endpoints(endpoints, node.name, node.zone)
+    cluster = Chosen(cluster_eps, _RULES[mode])
+    local = Chosen(topology.local_endpoints(endpoints, node.name), identities.TOPOLOGY_LOCAL)
     internal = local if sp.internal_local else cluster
     external = local if sp.external_local else cluster
-    if (sp.internal_local or sp.external_local) and not local and cluster:
+    if (sp.internal_local or sp.external_local) and not local.endpoints and cluster.endpoints:
         b.no_local += 1
     # externalTrafficPolicy Local and no local endpoint: external clients are not forwarded
     # (the filter drops them: KUBE-NO-LOCAL-ENDPOINTS), but pods and the node itself reach the
     # external destinations through the cluster's endpoints, the node masqueraded (upstream's
     # "pod traffic for external destinations" and "masquerade LOCAL traffic").
-    short = sp.external_local and not local and bool(cluster)
+    short = sp.external_local and not local.endpoints and bool(cluster.endpoints)
     if short:
         external = cluster
     eps = b.eps
@@ -214,7 +227,7 @@ def _plan_lb_vip(
     b: _Builder,
     sp: ServicePort,
     ip: str,
-    endpoints: list[Endpoint],
+    endpoints: Chosen,
     node: NodeFacts,
     cfg: PlanConfig,
 ) -> None:
@@ -246,7 +259,7 @@ _NODE_PORT_SETS = {
 
 
 def _plan_node_port(
-    b: _Builder, sp: ServicePort, endpoints: list[Endpoint], node: NodeFacts, cfg: PlanConfig
+    b: _Builder, sp: ServicePort, endpoints: Chosen, node: NodeFacts, cfg: PlanConfig
 ) -> None:
     if not node.node_ips:
         return

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 
+from ipvsproxy.core.topology import Hints, hints_of
 from ipvsproxy.core.virtual_servers import Protocol, canonical_ip
 
 LABEL_SERVICE_NAME = "kubernetes.io/service-name"
@@ -89,6 +90,7 @@ class Endpoint(NamedTuple):
     node: str | None
     zone: str | None
     pod: str | None = None  # namespace/name of the Pod behind it (targetRef), for status
+    hints: Hints | None = None  # the zones and nodes it is meant for (topology)
 
 
 # An Endpoint from the tuple of its fields, built in C: the named tuple's own __new__ is a
@@ -228,15 +230,15 @@ def _pod_of(ref: Any, sl: Mapping[str, Any]) -> str | None:
     return f"{namespace}/{ref['name']}"
 
 
-def _endpoint_fields(ep: Any, sl: Mapping[str, Any]) -> tuple[Any, Any, Any, Any, str | None]:
-    """addresses, conditions, nodeName, zone and the Pod's ``namespace/name``. A slim
+def _endpoint_fields(ep: Any, sl: Mapping[str, Any]) -> tuple[Any, Any, Any, Any, str | None, Any]:
+    """addresses, conditions, nodeName, zone, the Pod's ``namespace/name`` and hints. A slim
     endpoint (ipvsproxy.kube.slim) holds them as attributes (None: absent), read here directly
     rather than through its get(), a Python call per field."""
     if not isinstance(ep, dict) and hasattr(ep, "nodeName"):
-        return ep.addresses, ep.conditions, ep.nodeName, ep.zone, ep.pod
+        return ep.addresses, ep.conditions, ep.nodeName, ep.zone, ep.pod, ep.hints
     get = ep.get
     pod = _pod_of(get("targetRef"), sl)
-    return get("addresses"), get("conditions"), get("nodeName"), get("zone"), pod
+    return get("addresses"), get("conditions"), get("nodeName"), get("zone"), pod, get("hints")
 
 
 def slice_endpoints(
@@ -330,13 +332,14 @@ def endpoints_by_port(
         if not matched:
             continue
         for ep in sl.get("endpoints") or []:
-            addresses, cond, node, zone, pod = _endpoint_fields(ep, sl)
+            addresses, cond, node, zone, pod, hints = _endpoint_fields(ep, sl)
             cond = cond or {}
             ready = cond.get("ready")
             ready = True if ready is None else bool(ready)
             serving = cond.get("serving")
             serving = ready if serving is None else bool(serving)
             terminating = bool(cond.get("terminating"))
+            hinted = hints_of(hints) if hints else None
             for addr in (addresses or [])[:1]:  # the first address is the one used
                 ip = _real_server_ip(addr, skipped)
                 if ip is None:
@@ -347,6 +350,6 @@ def endpoints_by_port(
                     if old is not None and old.ready:
                         continue
                     found[key] = new_endpoint(
-                        (ip, number, ready, serving, terminating, node, zone, pod)
+                        (ip, number, ready, serving, terminating, node, zone, pod, hinted)
                     )
     return [[found[k] for k in sorted(found)] for found in seen]

@@ -72,6 +72,13 @@ class ChangeTracker:
         for key in keys:
             self.mark(key, None)
 
+    def mark_where_slices(self, wanted: Callable[[list[Kept]], bool]) -> None:
+        """Mark every Service whose EndpointSlices are ``wanted``."""
+        with self.cond:
+            keys = [key for key, by in self.slices.items() if wanted(list(by.values()))]
+        for key in keys:
+            self.mark(key, None)
+
     def take(self) -> Marks:
         """The marks since the last take; none are left."""
         with self.cond:

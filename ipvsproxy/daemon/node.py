@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 
 from ipvsproxy.config import ProxyConfig
 from ipvsproxy.core.node_addresses import (
@@ -18,6 +19,7 @@ from ipvsproxy.core.node_addresses import (
 )
 from ipvsproxy.core.plan import NodeFacts
 from ipvsproxy.core.ruleset import RulesConfig
+from ipvsproxy.core.topology import ZONE_LABEL, reads_zone, zone_of
 from ipvsproxy.daemon.changes import ChangeTracker
 from ipvsproxy.dataplane.dataplane import Backends, Dataplane
 from ipvsproxy.kernel.addresses import AddressEvents
@@ -45,8 +47,10 @@ def rules_config(cfg: ProxyConfig, node_pod_cidr: str | None = None) -> RulesCon
     )
 
 
-def node_facts(name: str, backends: Backends, cfg: ProxyConfig, node_ip: str) -> NodeFacts:
-    """This node's addresses as the kernel has them now, and its node IP."""
+def node_facts(
+    name: str, backends: Backends, cfg: ProxyConfig, node_ip: str, zone: str = ""
+) -> NodeFacts:
+    """This node's addresses as the kernel has them now, its node IP and its zone."""
     addrs = backends.addresses.indexed()
     dummy = backends.addresses.device_index()
     return NodeFacts(
@@ -54,6 +58,7 @@ def node_facts(name: str, backends: Backends, cfg: ProxyConfig, node_ip: str) ->
         node_ips=node_port_addresses(addrs, dummy, cfg.node_port_addresses, node_ip),
         local_addresses=local_addresses(addrs, dummy),
         primary_ip=node_ip,
+        zone=zone,
     )
 
 
@@ -87,7 +92,8 @@ class NodeTracker:
     def update(self, new: Kept | None) -> None:
         """The Node informer's object for this node is now ``new`` (None: deleted). /healthz
         fails while this node is going away, so load balancers drain it first. A changed node
-        IP re-plans the Services that read it at the next sync."""
+        IP re-plans the Services that read it at the next sync; a changed zone label those
+        with zone hints."""
         meta = (new or {}).get("metadata") or {}
         taints = ((new or {}).get("spec") or {}).get("taints") or []
         deleting = new is None or bool(meta.get("deletionTimestamp"))
@@ -95,13 +101,16 @@ class NodeTracker:
         with self.health.lock:
             self.health.node_eligible = not (deleting or autoscaled)
         with self._lock:
-            before = self.ip()
+            before, zone_before = self.ip(), zone_of(self.last_seen)
             if new is not None:
                 self.last_seen = new
-            changed = self.ip() != before
+            changed, zone = self.ip() != before, zone_of(self.last_seen)
         if changed:
             log.info("node IP is now %s", self.ip())
             self.changes.mark_where(uses_node_addresses)
+        if zone != zone_before:
+            log.info("node zone (label %s) is now %r", ZONE_LABEL, zone)
+            self.changes.mark_where_slices(reads_zone)
 
     def ip(self) -> str:
         """Upstream's detectNodeIPs: bindAddress, else the Node's, else 127.0.0.1."""
@@ -154,13 +163,17 @@ class NodeTracker:
         read them are marked. Called with the sync lock held, before the marks are taken."""
         self._refresh_local_detector()
         ip = self.ip()
+        with self._lock:
+            zone = zone_of(self.last_seen)
+        if zone != self.dp.node.zone:  # (update() marked the Services that read it)
+            self.dp.node = replace(self.dp.node, zone=zone)
         now = time.monotonic()
         stale = self.addresses_stale.is_set() or now - self._addresses_read >= self.cfg.sync_period
         if not stale and ip == self.dp.node.primary_ip:
             return
         self.addresses_stale.clear()  # a notice from now on is for the next sync
         try:
-            facts = node_facts(self.dp.node.name, self.dp.backends, self.cfg, ip)
+            facts = node_facts(self.dp.node.name, self.dp.backends, self.cfg, ip, zone)
         except Exception as exc:  # the facts last read stay; read again at the next sync
             self.addresses_stale.set()
             if str(exc) != self._addresses_error:

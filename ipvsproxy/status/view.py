@@ -238,6 +238,7 @@ def _vs_json(
         "servicePort": ident.port if ident else None,
         "type": ident.type if ident else None,
         "role": ident.role if ident else None,
+        "topology": (ident.topology or None) if ident else None,
         "stats": stats,
         "rate": rate,
         "realServers": [],
@@ -401,7 +402,7 @@ def _vs_cells(
     label = f"{vs['service']}:{vs['portName'] or vs['servicePort']}" if vs["service"] else "?"
     if not vs["ours"] and not vs["service"]:
         label = "(not ipvsproxy's)"
-    cells += [label, vs["type"] or "?"]
+    cells += [label, vs["type"] or "?", vs.get("topology") or "?"]
     if wide:
         cells += [vs["role"] or "?", f"0x{vs['flags']:x}"]
     return cells
@@ -436,7 +437,7 @@ def _headers(counters: str | None, wide: bool) -> tuple[list[str], list[str]]:
     else:
         vs += ["Scheduler", "Flags"]
         rs += ["Forward", "Weight", "ActiveConn", "InActConn"]
-    vs += ["Service", "Type"]
+    vs += ["Service", "Type", "Endpoints"]
     rs += ["Pod", "Node"]
     if wide:
         vs += ["Role", "RawFlags"]

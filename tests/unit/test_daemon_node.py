@@ -10,6 +10,7 @@ from ipvsproxy.config import build
 from ipvsproxy.core import ipset_specs, ruleset
 from ipvsproxy.core.node_addresses import FALLBACK_NODE_IP
 from ipvsproxy.core.plan import NodeFacts
+from ipvsproxy.core.topology import ZONE_LABEL
 from ipvsproxy.daemon.node import node_facts, rules_config
 from ipvsproxy.daemon.proxy import Proxy
 from ipvsproxy.servers.metrics import Metrics
@@ -180,3 +181,42 @@ def test_a_failing_read_of_the_node_addresses_does_not_stop_the_sync() -> None:
     dp.backends.addresses.addresses.append((2, "192.168.56.211"))
     proxy._replan()
     assert "192.168.56.211" in dp.node.node_ips
+
+
+def _hinted_slice(service: str, hints: dict[str, Any] | None) -> dict[str, Any]:
+    ep: dict[str, Any] = {"addresses": ["10.244.2.5"], "nodeName": "node-2"}
+    if hints is not None:
+        ep["hints"] = hints
+    return {
+        "metadata": {
+            "name": f"{service}-x",
+            "namespace": "default",
+            "labels": {"kubernetes.io/service-name": service},
+        },
+        "addressType": "IPv4",
+        "endpoints": [ep],
+    }
+
+
+def test_a_zone_label_change_replans_only_the_services_with_zone_hints() -> None:
+    proxy, dp = proxy_with([])
+    for name, hints in [
+        ("zoned", {"forZones": [{"name": "zone-a"}]}),
+        ("noded", {"forNodes": [{"name": "node-1"}]}),
+        ("plain", None),
+    ]:
+        proxy.on_service(f"default/{name}", None, cast(Any, CLUSTER_IP))
+        proxy.on_slice(f"default/{name}-x", None, cast(Any, _hinted_slice(name, hints)))
+    proxy.on_node("node-1", None, cast(Any, NODE))
+    proxy._replan()
+    dp.updated.clear()
+    assert dp.node.zone == ""
+    zoned = {**NODE, "metadata": {"name": "node-1", "labels": {ZONE_LABEL: "zone-a"}}}
+    proxy.on_node("node-1", cast(Any, NODE), cast(Any, zoned))
+    assert set(proxy.changes.dirty) == {"default/zoned"}
+    proxy._replan()
+    assert dp.node.zone == "zone-a" and dp.updated == ["default/zoned"]
+    # Another label changed: nothing to re-plan.
+    other = {**NODE, "metadata": {"name": "node-1", "labels": {ZONE_LABEL: "zone-a", "x": "y"}}}
+    proxy.on_node("node-1", cast(Any, zoned), cast(Any, other))
+    assert not proxy.changes.dirty

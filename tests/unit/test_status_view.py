@@ -10,6 +10,9 @@ import pytest
 from ipvsproxy.core.identities import (
     ROLE_CLUSTER_IP,
     ROLE_NODE_PORT,
+    TOPOLOGY_CLUSTER,
+    TOPOLOGY_LOCAL,
+    TOPOLOGY_SAME_ZONE,
     EndpointIdentity,
     ServiceIdentity,
     VirtualServerIdentity,
@@ -49,8 +52,12 @@ OTHER = DestKey("10.1.1.1", 80)
 
 WEB_IDENT = ServiceIdentity.of(
     {
-        WEB: VirtualServerIdentity("default/web", "http", 80, "NodePort", ROLE_CLUSTER_IP),
-        WEB_NP: VirtualServerIdentity("default/web", "http", 80, "NodePort", ROLE_NODE_PORT),
+        WEB: VirtualServerIdentity(
+            "default/web", "http", 80, "NodePort", ROLE_CLUSTER_IP, TOPOLOGY_CLUSTER
+        ),
+        WEB_NP: VirtualServerIdentity(
+            "default/web", "http", 80, "NodePort", ROLE_NODE_PORT, TOPOLOGY_LOCAL
+        ),
     },
     {
         POD_A.address: EndpointIdentity("default/web-a", "node-1"),
@@ -58,7 +65,11 @@ WEB_IDENT = ServiceIdentity.of(
     },
 )
 STICKY_IDENT = ServiceIdentity.of(
-    {STICKY: VirtualServerIdentity("shop/sticky", "", 443, "ClusterIP", ROLE_CLUSTER_IP)},
+    {
+        STICKY: VirtualServerIdentity(
+            "shop/sticky", "", 443, "ClusterIP", ROLE_CLUSTER_IP, TOPOLOGY_SAME_ZONE
+        )
+    },
     {POD_C.address: EndpointIdentity("shop/sticky-0", "node-3")},
 )
 IDENTITIES = {"default/web": WEB_IDENT, "shop/sticky": STICKY_IDENT}
@@ -90,6 +101,7 @@ VS_KEYS = {
     "servicePort",
     "type",
     "role",
+    "topology",
     "stats",
     "rate",
     "realServers",
@@ -709,22 +721,22 @@ def rs_row(table: str, vs_hostport: str, hostport: str) -> list[str]:
 
 def test_table_column_headers() -> None:
     report = daemon_report()
-    vs_default = "Prot LocalAddress:Port Scheduler Flags Service Type"
+    vs_default = "Prot LocalAddress:Port Scheduler Flags Service Type Endpoints"
     rs_default = "-> RemoteAddress:Port Forward Weight ActiveConn InActConn Pod Node"
     expected = {
         (None, False): (vs_default, rs_default),
         ("stats", False): (
-            "Prot LocalAddress:Port Conns InPkts OutPkts InBytes OutBytes Service Type",
+            "Prot LocalAddress:Port Conns InPkts OutPkts InBytes OutBytes Service Type Endpoints",
             "-> RemoteAddress:Port Conns InPkts OutPkts InBytes OutBytes Pod Node",
         ),
         ("rate", False): (
-            "Prot LocalAddress:Port CPS InPPS OutPPS InBPS OutBPS Service Type",
+            "Prot LocalAddress:Port CPS InPPS OutPPS InBPS OutBPS Service Type Endpoints",
             "-> RemoteAddress:Port CPS InPPS OutPPS InBPS OutBPS Pod Node",
         ),
         (None, True): (f"{vs_default} Role RawFlags", f"{rs_default} PersistConn"),
         ("stats", True): (
-            "Prot LocalAddress:Port Conns InPkts OutPkts InBytes OutBytes Service Type Role"
-            " RawFlags",
+            "Prot LocalAddress:Port Conns InPkts OutPkts InBytes OutBytes Service Type"
+            " Endpoints Role RawFlags",
             "-> RemoteAddress:Port Conns InPkts OutPkts InBytes OutBytes Pod Node PersistConn",
         ),
     }
@@ -746,6 +758,7 @@ def test_table_rows() -> None:
         "rr",
         "default/web:http",
         "NodePort",
+        "Cluster",
     ]
     assert row(table, "10.96.0.20:443") == [
         "TCP",
@@ -754,13 +767,15 @@ def test_table_rows() -> None:
         "persistent 10800",
         "shop/sticky:443",
         "ClusterIP",
+        "PreferSameZone",
     ]
-    assert row(table, "192.168.56.11:30080")[-2:] == ["default/web:http", "NodePort"]
+    assert row(table, "192.168.56.11:30080")[-3:] == ["default/web:http", "NodePort", "Local"]
     assert row(table, "10.0.0.99:8080") == [
         "TCP",
         "10.0.0.99:8080",
         "wlc",
         "(not ipvsproxy's)",
+        "?",
         "?",
     ]
     # Real servers follow their virtual server, in order.
@@ -806,8 +821,8 @@ def test_table_unknown_names_and_ours_without_names() -> None:
     report = kernel_report()
     table = view.render_table(report)
     # Ours (bound here or in the state file) but unnamed: "?"; not ours: labelled so.
-    assert row(table, "10.96.0.10:80")[-2:] == ["?", "?"]
-    assert row(table, "10.0.0.99:8080")[-2:] == ["(not ipvsproxy's)", "?"]
+    assert row(table, "10.96.0.10:80")[-3:] == ["?", "?", "?"]
+    assert row(table, "10.0.0.99:8080")[-3:] == ["(not ipvsproxy's)", "?", "?"]
     assert rs_row(table, "10.96.0.10:80", "10.244.2.11:8080") == [
         "->",
         "10.244.2.11:8080",
@@ -833,6 +848,7 @@ def test_table_stats_and_rate_rows() -> None:
         "105",
         "default/web:http",
         "NodePort",
+        "Cluster",
     ]
     assert rs_row(stats, "10.96.0.10:80", "10.244.1.11:8080")[2:] == [
         "1201",
@@ -856,9 +872,9 @@ def test_table_stats_and_rate_rows() -> None:
 
 def test_table_wide_rows() -> None:
     table = view.render_table(daemon_report(), wide=True)
-    assert row(table, "10.96.0.10:80")[-3:] == ["NodePort", "ClusterIP", "0x2"]
-    assert row(table, "192.168.56.11:30080")[-2:] == ["NodePort", "0x2"]
-    assert row(table, "10.96.0.20:443")[-2:] == ["ClusterIP", "0x3"]
+    assert row(table, "10.96.0.10:80")[-4:] == ["NodePort", "Cluster", "ClusterIP", "0x2"]
+    assert row(table, "192.168.56.11:30080")[-3:] == ["Local", "NodePort", "0x2"]
+    assert row(table, "10.96.0.20:443")[-3:] == ["PreferSameZone", "ClusterIP", "0x3"]
     assert row(table, "10.0.0.99:8080")[-3:] == ["?", "?", "0x2"]
     assert rs_row(table, "10.96.0.20:443", "10.244.3.11:8443")[-3:] == [
         "shop/sticky-0",
@@ -905,7 +921,7 @@ def test_table_port_names() -> None:
     assert (80, "TCP") in seen
     assert (8080, "TCP") in seen
     # The Service column names the Service's port, not the kernel's port.
-    assert row(table, "10.96.0.20:https")[-2] == "shop/sticky:443"
+    assert row(table, "10.96.0.20:https")[-3] == "shop/sticky:443"
     assert view.numeric_port(53, "UDP") == "53"
 
 
@@ -915,7 +931,7 @@ def test_table_empty_kernel() -> None:
     assert lines == [
         "ipvsproxy on this node: daemon not running (down); drift unknown without the daemon",
         f"view: kernel only (no state file at {STATE}; names unknown)",
-        "Prot  LocalAddress:Port  Scheduler  Flags  Service  Type",
+        "Prot  LocalAddress:Port  Scheduler  Flags  Service  Type  Endpoints",
         "  ->  RemoteAddress:Port  Forward  Weight  ActiveConn  InActConn  Pod  Node",
         "(no virtual servers)",
     ]
