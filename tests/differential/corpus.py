@@ -17,6 +17,13 @@ from typing import Any
 NAMESPACE = "diff"
 ECHO_PORT = 8080
 PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
+
+def zone(node: int) -> str:
+    """Every lab node is a zone of its own: what the controller hints for the symmetric
+    pods of node-2 and node-3 is symmetric too."""
+    return f"zone-{node}"
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,31 @@ SHAPES: tuple[Shape, ...] = (
             PodSpec(n, j, ready=j == 1, terminating=True) for n in (1, 2, 3) for j in (1, 2)
         ),
         note="only terminating endpoints: the serving ones are used",
+    ),
+    Shape(
+        "prefer-same-zone",
+        {"type": "NodePort", "ports": list(HTTP), "trafficDistribution": "PreferSameZone"},
+        note="the controller hints each endpoint for its node's zone",
+    ),
+    Shape(
+        "prefer-same-node",
+        {"ports": list(HTTP), "trafficDistribution": "PreferSameNode"},
+        note="node and zone hints",
+    ),
+    Shape(
+        "prefer-same-zone-remote",
+        {"ports": list(HTTP), "trafficDistribution": "PreferSameZone"},
+        pods=REMOTE,
+        note="no endpoint hinted for either compared node's zone: every endpoint is used",
+    ),
+    Shape(
+        "prefer-same-zone-itp-local",
+        {
+            "ports": list(HTTP),
+            "trafficDistribution": "PreferSameZone",
+            "internalTrafficPolicy": "Local",
+        },
+        note="a traffic policy Local ignores topology",
     ),
     Shape("no-endpoints", {"type": "NodePort", "ports": list(HTTP)}, pods=()),
     Shape("proxy-name", {"ports": list(HTTP)}, labels={PROXY_NAME_LABEL: "other-proxy"}),

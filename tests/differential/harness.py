@@ -92,6 +92,11 @@ class DiffLab:
             netns.write_sysctl(node.netns, ICMP_RATEMASK, "0")
         kube = self.kube
         kube.start_apiserver()
+        for node in self.cluster.nodes:
+            labels = {"metadata": {"labels": {corpus.ZONE_LABEL: corpus.zone(node.index)}}}
+            kube.controlplane.call(
+                "PATCH", f"/api/v1/nodes/{node.name}", labels, content_type=MERGE_PATCH
+            )
         kube.start_controller([])
         kube.kubelets.ensure_namespace(corpus.NAMESPACE)
         kp_config = peers.grant_kube_proxy(

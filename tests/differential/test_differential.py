@@ -109,6 +109,27 @@ def test_the_corpus_as_created(lab: DiffLab) -> None:
     # Each allowed difference the corpus shows is seen here: an entry nothing exercises
     # would rot unseen.
     assert used == {a.name for a in compare.ALLOWED if a.in_corpus}
+    assert_topology_exercised(lab)
+
+
+# What the topology shapes' ClusterIPs must reach from a pod: their local pods when the hints
+# cover the node, every pod when they do not.
+TOPOLOGY = {
+    "prefer-same-zone": ("local-1", "local-2"),
+    "prefer-same-node": ("local-1", "local-2"),
+    "prefer-same-zone-itp-local": ("local-1", "local-2"),
+    "prefer-same-zone-remote": ("pod-1-1", "pod-1-2"),
+}
+
+
+def assert_topology_exercised(lab: DiffLab) -> None:
+    """Both proxies agreeing is no proof on its own: two that ignored hints would agree too."""
+    services = [s for s in lab.services() if s["metadata"]["name"] in TOPOLOGY]
+    up, ours = lab.traffic(services)
+    for results in (up, ours):
+        for shape, want in TOPOLOGY.items():
+            outcome = results[f"{shape}/80 TCP clusterIP from pod"]
+            assert isinstance(outcome, tuple) and outcome[0] == want, (shape, outcome)
 
 
 # Live changes: each step changes every shape the same way through the API.

@@ -8,7 +8,6 @@ Zones: node-1 and node-2 in zone-a, node-3 in zone-b (``topology.kubernetes.io/z
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
