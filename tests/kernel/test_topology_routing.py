@@ -8,6 +8,7 @@ Zones: node-1 and node-2 in zone-a, node-3 in zone-b (``topology.kubernetes.io/z
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -31,8 +32,8 @@ def kube(lab_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     lab = LabKube(lab_cluster, tmp_path_factory.mktemp("topology"))
     lab.start_apiserver()
     core: Any = client.CoreV1Api(lab.api)
-    for node, zone in ZONES.items():
-        core.patch_node(node, {"metadata": {"labels": {ZONE: zone}}})
+    for name, zone in ZONES.items():
+        core.patch_node(name, {"metadata": {"labels": {ZONE: zone}}})
     lab.start_controller(
         [
             LabPod(p.name, "default", p.node, p.ip, {"app": "topo"}, {"echo": POD_ECHO_PORT})
@@ -111,9 +112,9 @@ def test_traffic_distribution_keeps_traffic_in_the_zone_then_on_the_node(
         "zoned", "default", {"spec": {"trafficDistribution": "PreferSameNode"}}
     )
     wait_for(lambda: hinted("for_nodes"), 30, "the controller's node hints")
-    for node in ("node-1", "node-3"):
-        want = pods_on(lab_cluster, node)
-        wait_for(lambda n=node, w=want: answers(client_ns(lab_cluster, n), vip) == w, 30, node)
+    for name in ("node-1", "node-3"):
+        ns, want = client_ns(lab_cluster, name), pods_on(lab_cluster, name)
+        wait_for(partial(lambda ns, want: answers(ns, vip) == want, ns, want), 30, name)
     core.delete_namespaced_service("zoned", "default")
 
 
