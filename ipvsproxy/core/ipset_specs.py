@@ -17,6 +17,7 @@ class IPSetSpec:
     name: str
     type: str
     comment: str
+    family: int = 4  # 4 or 6: the addresses its members hold (a bitmap:port's: its proxier's)
 
 
 LOOP_BACK = "KUBE-LOOP-BACK"
@@ -44,7 +45,7 @@ IPVS_IPS = "KUBE-IPVS-IPS"
 _IP_PORT = "hash:ip,port"
 _BITMAP = "bitmap:port"
 
-SPECS: tuple[IPSetSpec, ...] = (
+SPECS_V4: tuple[IPSetSpec, ...] = (
     IPSetSpec(
         LOOP_BACK,
         "hash:ip,port,ip",
@@ -114,14 +115,44 @@ SPECS: tuple[IPSetSpec, ...] = (
     IPSetSpec(IPVS_IPS, "hash:ip", "Addresses on the ipvs interface"),
 )
 
-BY_NAME = {s.name: s for s in SPECS}
-NAMES = frozenset(BY_NAME)
+IPSET_NAME_MAX = 31  # the kernel's IPSET_MAXNAMELEN, less its terminating NUL
 
-# The sets upstream kube-proxy's IPVS mode creates at every sync, so ipvsproxy creates them
-# at its first: every one but KUBE-NO-LOCAL-ENDPOINTS, which is created when it first gets a
-# member (a node handed back to kube-proxy keeps no set kube-proxy does not know, unless one
-# was used; deploy/README.md says how to remove it then).
-UPSTREAM_NAMES = NAMES - {NO_LOCAL_ENDPOINTS}
+
+def v6_name(name: str) -> str:
+    """The IPv6 proxier's name of a set: upstream's ``KUBE-6-`` prefix, cut to the kernel's
+    31 characters as upstream cuts it (KUBE-6-LOAD-BALANCER-SOURCE-CID)."""
+    return name.replace("KUBE-", "KUBE-6-", 1)[:IPSET_NAME_MAX]
+
+
+SPECS_V6 = tuple(IPSetSpec(v6_name(s.name), s.type, s.comment, 6) for s in SPECS_V4)
+SPECS = SPECS_V4 + SPECS_V6
+
+BY_NAME = {s.name: s for s in SPECS}
+NAMES = frozenset(BY_NAME)  # both families': every set ipvsproxy may own
+V6 = {s.name: v6_name(s.name) for s in SPECS_V4}  # an IPv4 set's name -> its IPv6 twin's
+
+
+def for_family(name: str, family: int) -> str:
+    """The name of set ``name`` (an IPv4 set's, as the constants above) for ``family``."""
+    return V6[name] if family == 6 else name
+
+
+def names(families: Iterable[int] = (4,)) -> frozenset[str]:
+    """The sets of the proxiers of ``families``."""
+    wanted = set(families)
+    return frozenset(s.name for s in SPECS if s.family in wanted)
+
+
+def upstream_names(families: Iterable[int] = (4,)) -> frozenset[str]:
+    """The sets upstream kube-proxy's IPVS mode creates at every sync, so ipvsproxy creates
+    them at its first: every one of ``families`` but KUBE-NO-LOCAL-ENDPOINTS (and its IPv6
+    twin), which is created when it first gets a member (a node handed back to kube-proxy
+    keeps no set kube-proxy does not know, unless one was used; deploy/README.md says how to
+    remove it then)."""
+    return names(families) - {NO_LOCAL_ENDPOINTS, V6[NO_LOCAL_ENDPOINTS]}
+
+
+UPSTREAM_NAMES = upstream_names((4,))
 
 # Where upstream records every NodePort it programs (also those with externalTrafficPolicy
 # Local): the port of a TCP or UDP one in a bitmap:port set, node address and port of an SCTP

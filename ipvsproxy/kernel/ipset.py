@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ from ipvsproxy.kernel.netlink.sock import (
     NetlinkError,
     NetlinkSocket,
 )
+
+_FAMILIES = {4: socket.AF_INET, 6: socket.AF_INET6}
 
 
 def encode(seq: int, op: MemberOp) -> bytes:
@@ -89,7 +92,9 @@ class IPSets:
             requests.append(
                 (
                     seq,
-                    ipset_messages.create_request(seq, spec.name, spec.type, revisions[spec.type]),
+                    ipset_messages.create_request(
+                        seq, spec.name, spec.type, revisions[spec.type], _FAMILIES[spec.family]
+                    ),
                 )
             )
         outcomes = self.sock.execute(requests)

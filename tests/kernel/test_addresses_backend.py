@@ -81,3 +81,21 @@ def test_node_port_addresses_from_a_lab_node(lab_cluster: Cluster) -> None:
             backend.close()
     # eth0 and cni0, not loopback and not the service address on kube-ipvs0.
     assert found == (node.gateway, node.ip)
+
+
+def test_ipv6_service_addresses_are_bound_usable_at_once(addresses: Addresses) -> None:
+    wanted = ["fd00:10:96::a", "fd00:10:96::1:0", "2001:db8::5"]
+    addresses.apply([AddressOp(OpKind.ADD, a) for a in [*wanted, "10.96.0.10"]])
+    out = subprocess.run(
+        ["ip", "-o", "-6", "addr", "show", "dev", "kube-ipvs0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    lines = [ln for ln in out.splitlines() if "scope global" in ln]
+    assert len(lines) == 3, out
+    assert all("nodad" in ln and "tentative" not in ln for ln in lines), out
+    assert "inet6 fd00:10:96::a/128" in out
+    assert addresses.bound() == {*wanted, "10.96.0.10"}
+    addresses.apply([AddressOp(OpKind.DELETE, "fd00:10:96::a")])
+    assert addresses.bound() == {"fd00:10:96::1:0", "2001:db8::5", "10.96.0.10"}

@@ -23,6 +23,14 @@ SAMPLES = {
     ],
     ipset_specs.NODE_PORT_TCP: ["30080", "32767"],
     ipset_specs.IPVS_IPS: ["10.96.0.10"],
+    ipset_specs.V6[ipset_specs.CLUSTER_IP]: ["fd00:10:96::a,tcp:80", "fd00:10:96::a,sctp:9000"],
+    ipset_specs.V6[ipset_specs.LOOP_BACK]: ["fd00:10:244:1::b,tcp:8080,fd00:10:244:1::b"],
+    ipset_specs.V6[ipset_specs.LOAD_BALANCER_SOURCE_CIDR]: [
+        "2001:db8::5,tcp:443,2001:db8:1::/48",
+        "2001:db8::5,tcp:443,2001:db8:2::7/128",
+    ],
+    ipset_specs.V6[ipset_specs.NODE_PORT_TCP]: ["30080"],
+    ipset_specs.V6[ipset_specs.IPVS_IPS]: ["fd00:10:96::a"],
 }
 
 
@@ -53,7 +61,8 @@ def test_sets_are_created_as_the_ipset_tool_creates_upstreams(ipsets: IPSets) ->
         if spec.type == "bitmap:port":
             params = ["range", "0-65535"]
         else:
-            params = ["family", "inet", "hashsize", "1024", "maxelem", "65536"]
+            family = "inet6" if spec.family == 6 else "inet"
+            params = ["family", family, "hashsize", "1024", "maxelem", "65536"]
         probe = "IPVSPROXY-PROBE"
         subprocess.run(["ipset", "create", probe, spec.type, *params], check=True)
         try:
@@ -76,14 +85,18 @@ def test_members_of_every_type_round_trip(ipsets: IPSets) -> None:
     seen = ipsets.read()
     for name, entries in SAMPLES.items():
         assert seen[name] == set(entries), name
-    # The ipset tool sees the same members (it prints a /32 net without its prefix).
+    # The ipset tool sees the same members (it prints a /32 or /128 net without its prefix).
     out = subprocess.run(["ipset", "save"], capture_output=True, text=True, check=True).stdout
     tool: dict[str, set[str]] = {}
     for line in out.splitlines():
         parts = line.split()
         if parts[0] == "add" and parts[1] in SAMPLES:
             tool.setdefault(parts[1], set()).add(parts[2])
-    fixed = {n: {e.removesuffix("/32") for e in es} for n, es in seen.items() if n in SAMPLES}
+    fixed = {
+        n: {e.removesuffix("/32").removesuffix("/128") for e in es}
+        for n, es in seen.items()
+        if n in SAMPLES
+    }
     assert tool == fixed
     ipsets.apply([MemberOp(OpKind.DELETE, ipset_specs.CLUSTER_IP, "10.96.0.10,udp:53")])
     assert ipsets.read()[ipset_specs.CLUSTER_IP] == {"10.96.0.10,tcp:80", "10.96.0.11,sctp:9000"}

@@ -129,3 +129,39 @@ def test_many_services_in_few_system_calls(ipvs: IPVS) -> None:
     assert ipvs.sock.receives - receives == ipvs.sock.sends - sends
     assert len(ipvs.services()) == 500
     assert sum(len(ipvs.dests(k)) for k in ipvs.services()) == 2000
+
+
+def test_ipv6_services_and_dests_beside_ipv4_ones_match_ipvsadm(ipvs: IPVS) -> None:
+    v4 = VirtualServer(ServiceKey("10.96.0.10", Protocol.TCP, 80), "rr")
+    v6 = VirtualServer(ServiceKey("fd00:10:96::a", Protocol.TCP, 80), "rr")
+    sticky = VirtualServer(
+        ServiceKey("fd00:10:96::b", Protocol.UDP, 53), "rr", SVC_F_PERSISTENT, 60, 128
+    )
+    ops: list[ServiceOp | DestOp] = [ServiceOp(OpKind.ADD, vs) for vs in (v4, v6, sticky)]
+    ops.append(DestOp(OpKind.ADD, v4.key, RealServer(DestKey("10.244.1.1", 8080), 1)))
+    for i in (1, 2):
+        ops.append(DestOp(OpKind.ADD, v6.key, RealServer(DestKey(f"fd00:10:244:1::{i}", 8080))))
+    ops.append(DestOp(OpKind.ADD, sticky.key, RealServer(DestKey("fd00:10:244:2::1", 5353))))
+    assert ipvs.apply(ops) == len(ops)
+    assert ipvsadm_lines() == sorted(
+        [
+            "-A -t 10.96.0.10:80 -s rr",
+            "-a -t 10.96.0.10:80 -r 10.244.1.1:8080 -m -w 1",
+            "-A -t [fd00:10:96::a]:80 -s rr",
+            "-a -t [fd00:10:96::a]:80 -r [fd00:10:244:1::1]:8080 -m -w 1",
+            "-a -t [fd00:10:96::a]:80 -r [fd00:10:244:1::2]:8080 -m -w 1",
+            "-A -u [fd00:10:96::b]:53 -s rr -p 60",
+            "-a -u [fd00:10:96::b]:53 -r [fd00:10:244:2::1]:5353 -m -w 1",
+        ]
+    )
+    services = ipvs.services()
+    assert set(services) == {v4.key, v6.key, sticky.key}
+    for vs in (v4, v6, sticky):
+        assert vs.same_settings(services[vs.key]), services[vs.key]
+    assert services[sticky.key].prefix_len == 128
+    assert sorted(str(k) for k in ipvs.dests(v6.key)) == [
+        "[fd00:10:244:1::1]:8080",
+        "[fd00:10:244:1::2]:8080",
+    ]
+    ipvs.apply([ServiceOp(OpKind.DELETE, v6)])
+    assert set(ipvs.services()) == {v4.key, sticky.key}

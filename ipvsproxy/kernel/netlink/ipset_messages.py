@@ -43,6 +43,7 @@ DATA_MAXELEM = 19
 DATA_IP2 = 20
 DATA_CIDR2 = 21
 IPADDR_IPV4 = 1
+IPADDR_IPV6 = 2
 
 _NLMSGHDR = struct.Struct("=IHHII")
 _NFGENMSG = struct.Struct("=BBH")
@@ -70,6 +71,7 @@ ERRORS = {
 # codec.nested() would build): an IPv4 address nested in its own attribute, a big-endian port,
 # a u8.
 _IP_ATTR = struct.Struct("=HHHH4s")
+_IP6_ATTR = struct.Struct("=HHHH16s")
 _PORT_ATTR = struct.Struct("=HH2s2x")
 _U8_ATTR = struct.Struct("=HH1s3x")
 _BE16 = struct.Struct("!H")
@@ -77,6 +79,11 @@ _BE32_ATTR = struct.Struct("=HH4s")
 
 
 def _ip(kind: int, address: str) -> bytes:
+    if ":" in address:
+        raw = socket.inet_pton(socket.AF_INET6, address)
+        return _IP6_ATTR.pack(
+            _IP6_ATTR.size, kind | codec.NLA_F_NESTED, 20, IPADDR_IPV6 | NLA_F_NET_BYTEORDER, raw
+        )
     raw = socket.inet_pton(socket.AF_INET, address)
     return _IP_ATTR.pack(
         _IP_ATTR.size, kind | codec.NLA_F_NESTED, 8, IPADDR_IPV4 | NLA_F_NET_BYTEORDER, raw
@@ -110,7 +117,8 @@ def entry_data(set_type: str, entry: str) -> bytes:
         return body + _ip(DATA_IP2, parts[2])
     if set_type == "hash:ip,port,net":
         net, _, prefix = parts[2].partition("/")
-        return body + _ip(DATA_IP2, net) + _u8(DATA_CIDR2, int(prefix or 32))
+        full = 128 if ":" in net else 32
+        return body + _ip(DATA_IP2, net) + _u8(DATA_CIDR2, int(prefix or full))
     raise ValueError(f"unsupported ipset type {set_type}")
 
 
@@ -139,9 +147,10 @@ def _request(cmd: int, seq: int, flags: int, attrs: bytes) -> bytes:
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags, seq, 0) + body
 
 
-def type_request(seq: int, set_type: str) -> bytes:
-    """Which revisions of ``set_type`` the kernel has (loading its module if need be)."""
-    attrs = codec.attr_str(ATTR_TYPENAME, set_type) + _u8(ATTR_FAMILY, socket.AF_INET)
+def type_request(seq: int, set_type: str, family: int = socket.AF_INET) -> bytes:
+    """Which revisions of ``set_type`` the kernel has for ``family`` (loading its module if
+    need be)."""
+    attrs = codec.attr_str(ATTR_TYPENAME, set_type) + _u8(ATTR_FAMILY, family)
     return _request(CMD_TYPE, seq, codec.NLM_F_REQUEST, attrs)
 
 
@@ -153,9 +162,13 @@ def newest_revision(msg: codec.Message) -> int:
     return msg.data[span[0]]
 
 
-def create_request(seq: int, set_name: str, set_type: str, revision: int) -> bytes:
-    """Create an IPv4 set with upstream kube-proxy's parameters: a bitmap over every port,
-    hashes of 1024 buckets holding up to 65536 members. Fails (EEXIST) if the set exists."""
+def create_request(
+    seq: int, set_name: str, set_type: str, revision: int, family: int = socket.AF_INET
+) -> bytes:
+    """Create a set of ``family`` (AF_INET or AF_INET6; a bitmap:port set, of ports only, is
+    created as AF_INET whatever its use: the kernel's type takes any family) with upstream
+    kube-proxy's parameters: a bitmap over every port, hashes of 1024 buckets holding up to
+    65536 members. Fails (EEXIST) if the set exists."""
     if set_type == "bitmap:port":
         data = _port(0, DATA_PORT) + _port(65535, DATA_PORT_TO)
     else:
@@ -164,7 +177,7 @@ def create_request(seq: int, set_name: str, set_type: str, revision: int) -> byt
         codec.attr_str(ATTR_SETNAME, set_name)
         + codec.attr_str(ATTR_TYPENAME, set_type)
         + _u8(ATTR_REVISION, revision)
-        + _u8(ATTR_FAMILY, socket.AF_INET)
+        + _u8(ATTR_FAMILY, socket.AF_INET if set_type.startswith("bitmap:") else family)
         + codec.nested(ATTR_DATA, data)
     )
     return _request(CMD_CREATE, seq, _WRITE_FLAGS, attrs)
@@ -175,8 +188,11 @@ def list_request(seq: int) -> bytes:
     return _request(CMD_LIST, seq, codec.NLM_F_REQUEST | codec.NLM_F_DUMP, b"")
 
 
-def _ipv4(data: bytes, span: tuple[int, int]) -> str:
+def _address(data: bytes, span: tuple[int, int]) -> str:
+    """An address nested in its IPADDR attribute, IPv4 or IPv6."""
     inner = codec.attrs_of(data, span[0], span[1])
+    if IPADDR_IPV6 in inner:
+        return socket.inet_ntop(socket.AF_INET6, codec.get_bytes(data, inner[IPADDR_IPV6])[:16])
     return socket.inet_ntop(socket.AF_INET, codec.get_bytes(data, inner[IPADDR_IPV4])[:4])
 
 
@@ -185,7 +201,7 @@ def entry_text(set_type: str, data: bytes, span: tuple[int, int]) -> str:
     a = codec.attrs_of(data, span[0], span[1])
     if set_type == "bitmap:port":
         return str(struct.unpack_from("!H", data, a[DATA_PORT][0])[0])
-    ip = _ipv4(data, a[DATA_IP])
+    ip = _address(data, a[DATA_IP])
     if set_type == "hash:ip":
         return ip
     port = struct.unpack_from("!H", data, a[DATA_PORT][0])[0]
@@ -193,10 +209,10 @@ def entry_text(set_type: str, data: bytes, span: tuple[int, int]) -> str:
     text = f"{ip},{_PROTO_NAMES.get(proto_num, str(proto_num))}:{port}"
     if set_type == "hash:ip,port":
         return text
-    ip2 = _ipv4(data, a[DATA_IP2])
+    ip2 = _address(data, a[DATA_IP2])
     if set_type == "hash:ip,port,ip":
         return f"{text},{ip2}"
-    cidr = data[a[DATA_CIDR2][0]] if DATA_CIDR2 in a else 32
+    cidr = data[a[DATA_CIDR2][0]] if DATA_CIDR2 in a else (128 if ":" in ip2 else 32)
     return f"{text},{ip2}/{cidr}"
 
 

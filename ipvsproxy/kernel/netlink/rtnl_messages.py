@@ -29,6 +29,8 @@ NLM_F_EXCL = 0x200
 RT_SCOPE_UNIVERSE = 0
 RT_SCOPE_HOST = 254
 RTMGRP_IPV4_IFADDR = 0x10  # the multicast group of IPv4 address notices
+RTMGRP_IPV6_IFADDR = 0x100  # and of IPv6 ones
+IFA_F_NODAD = 0x02  # an IPv6 address usable at once: no duplicate-address detection
 
 _NLMSGHDR = struct.Struct("=IHHII")
 _IFADDRMSG = struct.Struct("=BBBBI")
@@ -51,7 +53,10 @@ def _ifaddr(ifindex: int, address: str) -> bytes:
     family = socket.AF_INET6 if is_ipv6(address) else socket.AF_INET
     raw = socket.inet_pton(family, address)
     prefix = 128 if family == socket.AF_INET6 else 32
-    head = _IFADDRMSG.pack(family, prefix, 0, RT_SCOPE_UNIVERSE, ifindex)
+    # A service address is usable at once: never tentative while duplicate-address detection
+    # probes the link (a dummy device's NOARP skips it too; nodad says so whatever the device).
+    flags = IFA_F_NODAD if family == socket.AF_INET6 else 0
+    head = _IFADDRMSG.pack(family, prefix, flags, RT_SCOPE_UNIVERSE, ifindex)
     return head + codec.attr(IFA_LOCAL, raw) + codec.attr(IFA_ADDRESS, raw)
 
 
