@@ -44,16 +44,26 @@ class NodeFacts:
     """What the planner must know about this node."""
 
     name: str
-    node_ips: tuple[str, ...] = ()  # addresses that carry NodePorts
+    node_ips: tuple[str, ...] = ()  # addresses that carry NodePorts, of both families
     local_addresses: frozenset[str] = frozenset()  # on interfaces other than kube-ipvs0
     primary_ip: str | None = None
     zone: str = ""  # its topology.kubernetes.io/zone label ("": none)
+    primary_ip6: str | None = None
+
+    def primary(self, family: int) -> str | None:
+        """The node IP of ``family`` (the source-range check of its own traffic)."""
+        return self.primary_ip6 if family == 6 else self.primary_ip
+
+    def node_ips_of(self, family: int) -> tuple[str, ...]:
+        v6 = family == 6
+        return tuple(ip for ip in self.node_ips if (":" in ip) == v6)
 
 
 @dataclass(frozen=True, slots=True)
 class PlanConfig:
     scheduler: str = "rr"
     proxy_name: str | None = None
+    families: tuple[int, ...] = (4,)  # the IP families this node's proxy serves
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +105,7 @@ EMPTY = ServicePlan()
 
 class _Builder:
     def __init__(self) -> None:
+        self.family = 4  # the family being planned: its sets' names (ipset_specs.for_family)
         self.vs: dict[ServiceKey, VirtualServer] = {}
         self.rs: dict[ServiceKey, dict[DestKey, DestKey]] = {}
         self.bind: set[str] = set()
@@ -124,6 +135,9 @@ class _Builder:
         self.rs[vs.key] = rs
 
     def member(self, set_name: str, entry: str) -> None:
+        """``entry`` in the set named ``set_name`` (an IPv4 name) of the family planned."""
+        if self.family == 6:
+            set_name = ipset_specs.V6[set_name]
         self.members[set_name].add(entry)
 
     def build(self, warnings: tuple[str, ...] = (), created: str = "") -> ServicePlan:
@@ -217,7 +231,7 @@ def _plan_port(
     if sp.node_port:
         _plan_node_port(b, sp, external, node, cfg)
         if short:
-            for ip in node.node_ips:
+            for ip in node.node_ips_of(b.family):
                 b.member(ipset_specs.NO_LOCAL_ENDPOINTS, f"{ip},{proto}:{sp.node_port}")
     if sp.type == "LoadBalancer" and sp.external_local and sp.health_check_node_port:
         b.member(ipset_specs.HEALTH_CHECK_NODE_PORT, str(sp.health_check_node_port))
@@ -244,7 +258,8 @@ def _plan_lb_vip(
     b.member(ipset_specs.LOAD_BALANCER_FW, entry)
     for cidr in sp.lb_source_ranges:
         b.member(ipset_specs.LOAD_BALANCER_SOURCE_CIDR, f"{entry},{cidr}")
-    primary = ipaddress.ip_address(node.primary_ip) if node.primary_ip else None
+    node_ip = node.primary(b.family)
+    primary = ipaddress.ip_address(node_ip) if node_ip else None
     if primary is not None and any(primary in ipaddress.ip_network(c) for c in sp.lb_source_ranges):
         b.member(ipset_specs.LOAD_BALANCER_SOURCE_IP, f"{entry},{ip}")
     else:
@@ -261,15 +276,16 @@ _NODE_PORT_SETS = {
 def _plan_node_port(
     b: _Builder, sp: ServicePort, endpoints: Chosen, node: NodeFacts, cfg: PlanConfig
 ) -> None:
-    if not node.node_ips:
+    node_ips = node.node_ips_of(b.family)
+    if not node_ips:
         return
     all_set, local_set = _NODE_PORT_SETS[sp.protocol]
-    for ip in node.node_ips:
+    for ip in node_ips:
         b.add_vs(
             _virtual_server(sp, ip, sp.node_port, cfg), endpoints, sp, identities.ROLE_NODE_PORT
         )
     if sp.protocol is Protocol.SCTP:
-        entries = [f"{ip},sctp:{sp.node_port}" for ip in node.node_ips]
+        entries = [f"{ip},sctp:{sp.node_port}" for ip in node_ips]
     else:
         entries = [str(sp.node_port)]
     for entry in entries:
@@ -291,15 +307,20 @@ def plan_service(
         ports = service_ports(svc)
     except InvalidObject as exc:
         return ServicePlan(error=str(exc))
-    if not ports or not ports[0].cluster_ips:
-        # No cluster IP of this family (an IPv6-only Service): nothing for this proxier, as
-        # upstream's per-family proxiers skip it.
-        return EMPTY
     b = _Builder()
     skipped: dict[str, str] = {}
-    by_port = endpoints_by_port(slices, [(sp.name, sp.protocol) for sp in ports], skipped)
-    for sp, endpoints in zip(ports, by_port, strict=True):
-        _plan_port(b, sp, endpoints, node, cfg)
+    planned = False
+    for family in cfg.families:
+        mine = [sp.of_family(family) for sp in ports]
+        if not mine or not mine[0].cluster_ips:
+            continue  # no cluster IP of this family: nothing for its proxier, as upstream's
+        planned, b.family = True, family
+        wanted = [(sp.name, sp.protocol) for sp in mine]
+        by_port = endpoints_by_port(slices, wanted, skipped, family)
+        for sp, endpoints in zip(mine, by_port, strict=True):
+            _plan_port(b, sp, endpoints, node, cfg)
+    if not planned:
+        return EMPTY
     warnings = (_skipped_warning(ports[0].service, skipped),) if skipped else ()
     return b.build(warnings, creation_time(svc))
 

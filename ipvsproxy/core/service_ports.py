@@ -11,7 +11,7 @@ import datetime
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -75,6 +75,26 @@ class ServicePort:
     internal_local: bool
     health_check_node_port: int
     type: str
+
+    def of_family(self, family: int) -> ServicePort:
+        """This port as the proxier of ``family`` (4 or 6) sees it: its addresses and source
+        ranges of that family only (upstream's per-family service info)."""
+        v6 = family == 6
+        return replace(
+            self,
+            cluster_ips=tuple(ip for ip in self.cluster_ips if (":" in ip) == v6),
+            external_ips=tuple(ip for ip in self.external_ips if (":" in ip) == v6),
+            lb_vips=tuple(ip for ip in self.lb_vips if (":" in ip) == v6),
+            lb_source_ranges=_family_ranges(self.lb_source_ranges, v6),
+        )
+
+
+def _family_ranges(ranges: tuple[str, ...], v6: bool) -> tuple[str, ...]:
+    """The source ranges of one family; none at all when one of them is that family's /0,
+    which admits everyone (as upstream, kubernetes #132722: the kernel refuses a /0 in a
+    hash:ip,port,net set)."""
+    mine = tuple(r for r in ranges if (":" in r) == v6)
+    return () if ("::/0" if v6 else "0.0.0.0/0") in mine else mine
 
 
 class Endpoint(NamedTuple):
@@ -146,14 +166,13 @@ def _ips(values: Iterable[Any], what: str, sid: str) -> tuple[str, ...]:
             ip = canonical_ip(str(v))
         except ValueError:
             raise InvalidObject(f"service {sid}: {what} {v!r} is not an IP address") from None
-        if ":" not in ip:  # IPv4 only for now; dual-stack comes later
-            out.append(ip)
+        out.append(ip)
     return tuple(dict.fromkeys(out))
 
 
 def _cidrs(values: Iterable[Any], sid: str) -> tuple[str, ...]:
-    """The IPv4 source ranges; none at all when one of them is a /0, which admits everyone
-    (as upstream, kubernetes #132722: the kernel refuses a /0 in a hash:ip,port,net set)."""
+    """The source ranges of both families, each in canonical form (``of_family`` splits them,
+    and drops a family's ranges when one is its /0)."""
     out = []
     for v in values or ():
         text = str(v).strip()
@@ -163,10 +182,7 @@ def _cidrs(values: Iterable[Any], sid: str) -> tuple[str, ...]:
             raise InvalidObject(
                 f"service {sid}: loadBalancerSourceRanges entry {v!r} is not a CIDR"
             ) from None
-        if net.version == 4:
-            out.append(str(net))
-    if "0.0.0.0/0" in out:
-        return ()
+        out.append(str(net))
     return tuple(dict.fromkeys(out))
 
 
@@ -242,10 +258,10 @@ def _endpoint_fields(ep: Any, sl: Mapping[str, Any]) -> tuple[Any, Any, Any, Any
 
 
 def slice_endpoints(
-    slices: Iterable[Mapping[str, Any]], port_name: str, protocol: Protocol
+    slices: Iterable[Mapping[str, Any]], port_name: str, protocol: Protocol, family: int = 4
 ) -> list[Endpoint]:
     """Endpoints of one service port merged across slices, one per address:port."""
-    return endpoints_by_port(slices, [(port_name, protocol)])[0]
+    return endpoints_by_port(slices, [(port_name, protocol)], family=family)[0]
 
 
 # Canonical IPv4 addresses the kernel refuses as a real server ("address not unicast"):
@@ -253,9 +269,11 @@ def slice_endpoints(
 _REFUSED_IPV4 = re.compile(r"0\.|22[4-9]\.|23[0-9]\.|255\.255\.255\.255$").match
 
 
-def refused_address(ip: str) -> str | None:
-    """Why the kernel would refuse the canonical address ``ip`` as an IPv4 real server; None
-    when it takes it."""
+def refused_address(ip: str, family: int = 4) -> str | None:
+    """Why the kernel would refuse the canonical address ``ip`` as a real server of
+    ``family``; None when it takes it."""
+    if family == 6:
+        return _refused_ipv6(ip)
     if ":" in ip:
         return "an IPv6 address in an IPv4 slice"
     if _REFUSED_IPV4(ip) is None:
@@ -263,6 +281,20 @@ def refused_address(ip: str) -> str | None:
     if ip == "255.255.255.255":
         return "broadcast"
     return "unspecified" if ip.startswith("0.") else "multicast"
+
+
+def _refused_ipv6(ip: str) -> str | None:
+    """IPVS takes a unicast IPv6 real server that is not link-local (ip_vs_new_dest)."""
+    if ":" not in ip:
+        return "an IPv4 address in an IPv6 slice"
+    addr = ipaddress.IPv6Address(ip)
+    if addr.is_unspecified:
+        return "unspecified"
+    if addr.is_multicast:
+        return "multicast"
+    if addr.is_link_local:
+        return "link-local"
+    return None
 
 
 # A canonical IPv4 address that ``refused_address`` takes, but for the limited broadcast:
@@ -274,17 +306,17 @@ _TAKEN_IPV4 = re.compile(
 ).fullmatch
 
 
-def _real_server_ip(addr: Any, skipped: dict[str, str]) -> str | None:
-    """An endpoint's address in canonical form if the kernel takes it as an IPv4 real server;
-    else None, and ``skipped`` says why."""
-    if type(addr) is str and _TAKEN_IPV4(addr) and addr != "255.255.255.255":
+def _real_server_ip(addr: Any, skipped: dict[str, str], family: int = 4) -> str | None:
+    """An endpoint's address in canonical form if the kernel takes it as a real server of
+    ``family``; else None, and ``skipped`` says why."""
+    if family == 4 and type(addr) is str and _TAKEN_IPV4(addr) and addr != "255.255.255.255":
         return addr
     try:
         ip = canonical_ip(addr)
     except ValueError:
         skipped[f"address {addr!r}"] = "not an IP address in canonical form"
         return None
-    why = refused_address(ip)
+    why = refused_address(ip, family)
     if why is not None:
         skipped[f"address {addr!r}"] = why
         return None
@@ -304,14 +336,16 @@ def endpoints_by_port(
     slices: Iterable[Mapping[str, Any]],
     ports: Sequence[tuple[str, Protocol]],
     skipped: dict[str, str] | None = None,
+    family: int = 4,
 ) -> list[list[Endpoint]]:
     """``slice_endpoints`` for each (port name, protocol) of ``ports``, reading every endpoint
-    of the slices once rather than once per port. Addresses and ports the kernel would refuse
-    are left out; ``skipped`` (if given) gets each of them with the reason."""
+    of the slices of ``family`` once rather than once per port. Addresses and ports the kernel
+    would refuse are left out; ``skipped`` (if given) gets each of them with the reason."""
     skipped = {} if skipped is None else skipped
     seen: list[dict[tuple[str, int], Endpoint]] = [{} for _ in ports]
+    address_type = "IPv6" if family == 6 else "IPv4"
     for sl in slices:
-        if sl.get("addressType", "IPv4") != "IPv4":
+        if sl.get("addressType", "IPv4") != address_type:
             continue
         # The slice's port numbers by (name, protocol), the last one of a pair winning: one
         # look-up per Service port, so matching is linear in ports, never in pairs of them.
@@ -341,7 +375,7 @@ def endpoints_by_port(
             terminating = bool(cond.get("terminating"))
             hinted = hints_of(hints) if hints else None
             for addr in (addresses or [])[:1]:  # the first address is the one used
-                ip = _real_server_ip(addr, skipped)
+                ip = _real_server_ip(addr, skipped, family)
                 if ip is None:
                     continue
                 for found, number in matched:

@@ -154,7 +154,8 @@ def test_slice_ports_from_1_to_65535_and_each_service_port_on_its_own() -> None:
     assert numbers([{"name": "a", "port": 70000}, {"name": "b", "port": 8080}]) == [[], [8080]]
 
 
-def test_a_dual_stack_service_with_ipv6_first_keeps_its_ipv4_cluster_ip() -> None:
+def test_a_dual_stack_service_with_ipv6_first_has_a_cluster_ip_of_each_family() -> None:
     svc = service("web", "fd00::10")
     svc["spec"]["clusterIPs"] = ["fd00::10", "10.96.0.10"]
-    assert ports(svc)[0].cluster_ips == ("10.96.0.10",)
+    assert ports(svc)[0].of_family(4).cluster_ips == ("10.96.0.10",)
+    assert ports(svc)[0].of_family(6).cluster_ips == ("fd00::10",)
