@@ -83,7 +83,11 @@ def cmd_cleanup(argv: Sequence[str]) -> int:
     except OSError as exc:  # a read-only state directory must not stop the cleanup
         print(f"ipvsproxy cleanup: cannot lock the state file: {exc}", file=sys.stderr)
         lock = None
+    from ipvsproxy.kernel.families import ipv6_unavailable
+
     backends = Backends.open()
+    if ipv6_unavailable() is None:  # both families' chains, where ip6tables works
+        backends.serve_families((4, 6))
     try:
         dp = Dataplane(
             NodeFacts(cfg.hostname_override or ""),

@@ -23,7 +23,8 @@ Where ipvsproxy differs from upstream, on purpose:
 - ``--healthz-bind-address=`` and ``--metrics-bind-address=`` (empty) disable that server. In the
   file an empty address means the default, as upstream. ``--status-bind-address`` (ipvsproxy's
   own) moves ``/status`` off the metrics address; empty disables it.
-- ``cluster_cidr`` is the first IPv4 CIDR of ``clusterCIDR``; an IPv6 one is a warning.
+- ``cluster_cidr`` and ``cluster_cidr6`` are the first IPv4 and the first IPv6 CIDR of
+  ``clusterCIDR`` (one CIDR, or a dual-stack pair).
 
 ``build`` is pure; ``load`` is the only function that reads a file.
 

@@ -137,8 +137,8 @@ def _check_together(
 
     cidrs: tuple[str, ...] = values.pop("cluster_cidr", ())
     if cidrs:
-        values["cluster_cidr"] = _cluster_cidr(
-            cidrs, name("cluster_cidr"), mode == "ClusterCIDR", problems, warnings
+        values["cluster_cidr"], values["cluster_cidr6"] = _cluster_cidr(
+            cidrs, name("cluster_cidr"), mode == "ClusterCIDR", problems
         )
 
     bind = parse_ip(values.get("bind_address", default.bind_address))
@@ -148,10 +148,10 @@ def _check_together(
 
 
 def _cluster_cidr(
-    cidrs: tuple[str, ...], name: str, validate: bool, problems: list[str], warnings: list[str]
-) -> str | None:
-    """The first IPv4 CIDR. Upstream validates clusterCIDR only in detectLocalMode ClusterCIDR:
-    one CIDR, or a dual-stack pair."""
+    cidrs: tuple[str, ...], name: str, validate: bool, problems: list[str]
+) -> tuple[str | None, str | None]:
+    """The first IPv4 CIDR and the first IPv6 one. Upstream validates clusterCIDR only in
+    detectLocalMode ClusterCIDR: one CIDR, or a dual-stack pair."""
     nets = [parse_cidr(c) for c in cidrs]
     if validate:
         if len(cidrs) > 2:
@@ -159,27 +159,25 @@ def _cluster_cidr(
                 f"{name}: must be either a single CIDR or a dual-stack pair of CIDRs "
                 f"(e.g. 10.100.0.0/16,fde4:8dba:82e1::/48; got {len(cidrs)})"
             )
-            return None
+            return None, None
         bad = [c for c, n in zip(cidrs, nets, strict=True) if n is None]
         if bad:
             problems.append(
                 f"{name}: {bad[0]!r} must be a valid CIDR block "
                 "(e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)"
             )
-            return None
+            return None, None
         if len(nets) == 2 and {n.version for n in nets if n is not None} != {4, 6}:
             problems.append(
                 f"{name}: a pair of CIDRs must be dual-stack, one IPv4 and one IPv6 (got "
                 f"{','.join(cidrs)})"
             )
-            return None
-    first_v4 = None
-    for c, n in zip(cidrs, nets, strict=True):
-        if n is not None and n.version == 4 and first_v4 is None:
-            first_v4 = str(n)
-        elif n is not None and n.version == 6 and validate:
-            warnings.append(f"{name}: the IPv6 CIDR {c} is not used by ipvsproxy (IPv4 only)")
-    return first_v4
+            return None, None
+    first: dict[int, str | None] = {4: None, 6: None}
+    for n in reversed(nets):
+        if n is not None:
+            first[n.version] = str(n)
+    return first[4], first[6]
 
 
 def load(argv: Sequence[str]) -> ProxyConfig:

@@ -33,7 +33,8 @@ class ProxyConfig:
     metrics_bind_address: str = f"127.0.0.1:{METRICS_PORT}"  # "" disables the server
     # /status: None serves it next to /metrics, "" turns it off, else its own address.
     status_bind_address: str | None = None
-    cluster_cidr: str | None = None
+    cluster_cidr: str | None = None  # clusterCIDR's IPv4 CIDR
+    cluster_cidr6: str | None = None  # and its IPv6 one
     detect_local_mode: str = "ClusterCIDR"
     bridge_interface: str | None = None
     interface_name_prefix: str | None = None

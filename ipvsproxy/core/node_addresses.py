@@ -11,7 +11,7 @@ unless unspecified, else the Node's first InternalIP, else its first ExternalIP.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 # Upstream's node IP when neither bindAddress nor the Node object gives one.
@@ -22,17 +22,26 @@ class InvalidNodePortAddresses(ValueError):
     """A nodePortAddresses entry that is neither a CIDR nor ``primary``."""
 
 
-def _usable(address: str) -> bool:
+def _usable(address: str, families: Collection[int]) -> bool:
     ip = ipaddress.ip_address(address)
-    return not (ip.is_loopback or ip.is_link_local) and ip.version == 4
+    return not (ip.is_loopback or ip.is_link_local) and ip.version in families
+
+
+def _order(address: str) -> tuple[int, int]:
+    """IPv4 addresses first, each family in numeric order."""
+    ip = ipaddress.ip_address(address)
+    return ip.version, int(ip)
 
 
 def local_addresses(
-    addresses: Iterable[tuple[int, str]], dummy_index: int | None
+    addresses: Iterable[tuple[int, str]],
+    dummy_index: int | None,
+    families: Collection[int] = (4,),
 ) -> frozenset[str]:
-    """Addresses of every interface but the dummy device (a service IP bound there is not a
-    node address, unless another interface has it too)."""
-    return frozenset(a for idx, a in addresses if idx != dummy_index and _usable(a))
+    """Addresses of ``families`` on every interface but the dummy device (a service IP bound
+    there is not a node address, unless another interface has it too); never loopback or
+    link-local."""
+    return frozenset(a for idx, a in addresses if idx != dummy_index and _usable(a, families))
 
 
 def node_port_addresses(
@@ -40,17 +49,20 @@ def node_port_addresses(
     dummy_index: int | None,
     node_port_cidrs: Sequence[str] = (),
     primary_ip: str | None = None,
+    families: Collection[int] = (4,),
+    primary_ip6: str | None = None,
 ) -> tuple[str, ...]:
-    local = local_addresses(addresses, dummy_index)
+    """The node's addresses that carry NodePorts, IPv4 ones first (``primary``: the node IP
+    of each family, when local)."""
+    local = local_addresses(addresses, dummy_index, families)
     if not node_port_cidrs:
-        return tuple(sorted(local, key=ipaddress.ip_address))
+        return tuple(sorted(local, key=_order))
     nets = []
     chosen: set[str] = set()
     for entry in node_port_cidrs:
         if entry == "primary":
-            # Upstream matches the node IP's /32 against the local addresses.
-            if primary_ip in local:
-                chosen.add(primary_ip)
+            # Upstream matches each family's node IP (a /32 or /128) against the local ones.
+            chosen |= {ip for ip in (primary_ip, primary_ip6) if ip in local}
             continue
         try:
             nets.append(ipaddress.ip_network(entry, strict=False))
@@ -59,15 +71,15 @@ def node_port_addresses(
                 f"nodePortAddresses: {entry!r} is neither a CIDR nor 'primary'"
             ) from None
     chosen |= {a for a in local if any(ipaddress.ip_address(a) in n for n in nets)}
-    return tuple(sorted(chosen, key=ipaddress.ip_address))
+    return tuple(sorted(chosen, key=_order))
 
 
-def node_ip(bind_address: str, node: Mapping[str, Any] | None) -> str | None:
-    """The IPv4 node IP (upstream's detectNodeIPs for this family): an IPv4 ``bind_address``
-    that is not 0.0.0.0; else the Node's addresses as utilnode.GetNodeHostIPs orders them,
+def node_ip(bind_address: str, node: Mapping[str, Any] | None, family: int = 4) -> str | None:
+    """The node IP of ``family`` (upstream's detectNodeIPs): a ``bind_address`` of that family
+    that is not unspecified; else the Node's addresses as utilnode.GetNodeHostIPs orders them,
     every InternalIP before every ExternalIP; None when neither gives one (the caller falls
-    back to FALLBACK_NODE_IP, as upstream)."""
-    bind = _ipv4(bind_address)
+    back to FALLBACK_NODE_IP for IPv4, as upstream)."""
+    bind = _ip(bind_address, family)
     if bind is not None and not bind.is_unspecified:
         return str(bind)
     addresses = ((node or {}).get("status") or {}).get("addresses") or []
@@ -75,20 +87,22 @@ def node_ip(bind_address: str, node: Mapping[str, Any] | None) -> str | None:
         for entry in addresses:
             if not isinstance(entry, Mapping) or entry.get("type") != kind:
                 continue
-            ip = _ipv4(entry.get("address"))
+            ip = _ip(entry.get("address"), family)
             if ip is not None:
                 return str(ip)
     return None
 
 
-def _ipv4(text: object) -> ipaddress.IPv4Address | None:
+def _ip(text: object, family: int) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     if not isinstance(text, str):
         return None
     try:
         ip = ipaddress.ip_address(text.strip())
     except ValueError:
         return None
-    return ip if isinstance(ip, ipaddress.IPv4Address) else None
+    if ip.version != family or (isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped):
+        return None
+    return ip
 
 
 def uses_node_addresses(svc: Mapping[str, Any]) -> bool:
@@ -105,9 +119,9 @@ def uses_node_addresses(svc: Mapping[str, Any]) -> bool:
     return bool(((svc.get("status") or {}).get("loadBalancer") or {}).get("ingress"))
 
 
-def pod_cidr(node: Mapping[str, Any] | None) -> str | None:
-    """The Node's IPv4 pod CIDR (detectLocalMode NodeCIDR): the first IPv4 one of
-    ``spec.podCIDRs``, else ``spec.podCIDR``; None when it has none (yet)."""
+def pod_cidr(node: Mapping[str, Any] | None, family: int = 4) -> str | None:
+    """The Node's pod CIDR of ``family`` (detectLocalMode NodeCIDR): the first of that family
+    in ``spec.podCIDRs``, else ``spec.podCIDR``; None when it has none (yet)."""
     spec = (node or {}).get("spec") or {}
     cidrs = spec.get("podCIDRs") or [spec.get("podCIDR")]
     for text in cidrs if isinstance(cidrs, list) else []:
@@ -117,6 +131,6 @@ def pod_cidr(node: Mapping[str, Any] | None) -> str | None:
             net = ipaddress.ip_network(text.strip(), strict=False)
         except ValueError:
             continue
-        if net.version == 4:
+        if net.version == family:
             return str(net)
     return None

@@ -7,8 +7,8 @@ only when the rendered text changes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 
 from ipvsproxy.core import ipset_specs
 from ipvsproxy.core.plan import OutFilter
@@ -38,6 +38,7 @@ class Jump:
     chain: str
     comment: str
     target: str
+    family: int = 4  # whose tables: iptables' (4) or ip6tables' (6)
 
     def spec(self) -> str:
         return f'-m comment --comment "{self.comment}" -j {self.target}'
@@ -68,6 +69,18 @@ class RulesConfig:
     random_fully: bool = True
     detect_local: str = "ClusterCIDR"
     local_value: str | None = None
+    cluster_cidr6: str | None = None  # clusterCIDR's IPv6 half, for the IPv6 rules
+    local_value6: str | None = None  # the NodeCIDR mode's IPv6 pod CIDR
+
+    def for_family(self, family: int) -> RulesConfig:
+        """The settings of ``family``'s rules: its cluster CIDR and pod CIDR (the interface
+        detectors are the same for both)."""
+        if family != 6:
+            return self
+        local = self.local_value
+        if self.detect_local in ("ClusterCIDR", "NodeCIDR"):
+            local = self.local_value6
+        return replace(self, cluster_cidr=self.cluster_cidr6, local_value=local)
 
     @property
     def mark(self) -> str:
@@ -92,25 +105,28 @@ def _c(name: str) -> str:
     return f'-m comment --comment "{ipset_specs.BY_NAME[name].comment}"'
 
 
-def _nat(cfg: RulesConfig, sets: frozenset[str]) -> list[str]:
+Names = Callable[[str], str]  # an IPv4 set's name -> the name of its twin being rendered
+
+
+def _nat(cfg: RulesConfig, sets: frozenset[str], n: Names, family: int) -> list[str]:
     r = ["*nat"] + [f":{c} - [0:0]" for c in NAT_CHAINS]
-    r.append("-A KUBE-SERVICES -s 127.0.0.0/8 -j RETURN")
+    r.append(f"-A KUBE-SERVICES -s {'::1/128' if family == 6 else '127.0.0.0/8'} -j RETURN")
     if ipset_specs.LOOP_BACK in sets:
         r.append(
             f"-A KUBE-POSTROUTING {_c(ipset_specs.LOOP_BACK)} "
-            f"-m set --match-set {ipset_specs.LOOP_BACK} "
+            f"-m set --match-set {n(ipset_specs.LOOP_BACK)} "
             "dst,dst,src -j MASQUERADE"
         )
     if ipset_specs.LOAD_BALANCER in sets:
         r.append(
             f"-A KUBE-SERVICES {_c(ipset_specs.LOAD_BALANCER)} "
-            f"-m set --match-set {ipset_specs.LOAD_BALANCER} "
+            f"-m set --match-set {n(ipset_specs.LOAD_BALANCER)} "
             "dst,dst -j KUBE-LOAD-BALANCER"
         )
     if ipset_specs.LOAD_BALANCER_LOCAL in sets:
         r.append(
             f"-A KUBE-LOAD-BALANCER {_c(ipset_specs.LOAD_BALANCER_LOCAL)} -m set --match-set "
-            f"{ipset_specs.LOAD_BALANCER_LOCAL} dst,dst -j RETURN"
+            f"{n(ipset_specs.LOAD_BALANCER_LOCAL)} dst,dst -j RETURN"
         )
     for proto, local, every, match in (
         ("tcp", ipset_specs.NODE_PORT_LOCAL_TCP, ipset_specs.NODE_PORT_TCP, "dst"),
@@ -119,18 +135,18 @@ def _nat(cfg: RulesConfig, sets: frozenset[str]) -> list[str]:
     ):
         if local in sets:
             r.append(
-                f"-A KUBE-NODE-PORT -p {proto} {_c(local)} -m set --match-set {local} "
+                f"-A KUBE-NODE-PORT -p {proto} {_c(local)} -m set --match-set {n(local)} "
                 f"{match} -j RETURN"
             )
         if every in sets:
             r.append(
-                f"-A KUBE-NODE-PORT -p {proto} {_c(every)} -m set --match-set {every} "
+                f"-A KUBE-NODE-PORT -p {proto} {_c(every)} -m set --match-set {n(every)} "
                 f"{match} -j KUBE-MARK-MASQ"
             )
     if ipset_specs.CLUSTER_IP in sets:
         head = (
             f"-A KUBE-SERVICES {_c(ipset_specs.CLUSTER_IP)} "
-            f"-m set --match-set {ipset_specs.CLUSTER_IP}"
+            f"-m set --match-set {n(ipset_specs.CLUSTER_IP)}"
         )
         not_local = cfg.if_not_local()
         if cfg.masquerade_all:
@@ -147,13 +163,13 @@ def _nat(cfg: RulesConfig, sets: frozenset[str]) -> list[str]:
         # external IPs' ACCEPT rules, which would end the chain for the node.
         r.append(
             f"-A KUBE-SERVICES {_c(ipset_specs.NO_LOCAL_ENDPOINTS)} -m set --match-set "
-            f"{ipset_specs.NO_LOCAL_ENDPOINTS} dst,dst -m addrtype --src-type LOCAL "
+            f"{n(ipset_specs.NO_LOCAL_ENDPOINTS)} dst,dst -m addrtype --src-type LOCAL "
             "-j KUBE-MARK-MASQ"
         )
     for name, masq in ((ipset_specs.EXTERNAL_IP, True), (ipset_specs.EXTERNAL_IP_LOCAL, False)):
         if name not in sets:
             continue
-        head = f"-A KUBE-SERVICES {_c(name)} -m set --match-set {name} dst,dst"
+        head = f"-A KUBE-SERVICES {_c(name)} -m set --match-set {n(name)} dst,dst"
         if masq:
             r.append(f"{head} -j KUBE-MARK-MASQ")
         r.append(f"{head} -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT")
@@ -161,10 +177,12 @@ def _nat(cfg: RulesConfig, sets: frozenset[str]) -> list[str]:
     r.append("-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT")
     r.append("-A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ")
     if ipset_specs.CLUSTER_IP in sets:
-        r.append(f"-A KUBE-SERVICES -m set --match-set {ipset_specs.CLUSTER_IP} dst,dst -j ACCEPT")
+        r.append(
+            f"-A KUBE-SERVICES -m set --match-set {n(ipset_specs.CLUSTER_IP)} dst,dst -j ACCEPT"
+        )
     if ipset_specs.LOAD_BALANCER in sets:
         r.append(
-            f"-A KUBE-SERVICES -m set --match-set {ipset_specs.LOAD_BALANCER} dst,dst -j ACCEPT"
+            f"-A KUBE-SERVICES -m set --match-set {n(ipset_specs.LOAD_BALANCER)} dst,dst -j ACCEPT"
         )
     mark = cfg.mark
     r += [
@@ -178,17 +196,19 @@ def _nat(cfg: RulesConfig, sets: frozenset[str]) -> list[str]:
     return r
 
 
-def _filter(cfg: RulesConfig, sets: frozenset[str], out_filters: Iterable[OutFilter]) -> list[str]:
+def _filter(
+    cfg: RulesConfig, sets: frozenset[str], out_filters: Iterable[OutFilter], n: Names
+) -> list[str]:
     r = ["*filter"] + [f":{c} - [0:0]" for c in FILTER_CHAINS]
     if ipset_specs.LOAD_BALANCER_FW in sets:
         r.append(
             f"-A KUBE-PROXY-FIREWALL {_c(ipset_specs.LOAD_BALANCER_FW)} -m set --match-set "
-            f"{ipset_specs.LOAD_BALANCER_FW} dst,dst -j KUBE-SOURCE-RANGES-FIREWALL"
+            f"{n(ipset_specs.LOAD_BALANCER_FW)} dst,dst -j KUBE-SOURCE-RANGES-FIREWALL"
         )
     for name in (ipset_specs.LOAD_BALANCER_SOURCE_CIDR, ipset_specs.LOAD_BALANCER_SOURCE_IP):
         if name in sets:
             r.append(
-                f"-A KUBE-SOURCE-RANGES-FIREWALL {_c(name)} -m set --match-set {name} "
+                f"-A KUBE-SOURCE-RANGES-FIREWALL {_c(name)} -m set --match-set {n(name)} "
                 "dst,dst,src -j RETURN"
             )
     r.append("-A KUBE-SOURCE-RANGES-FIREWALL -j DROP")
@@ -197,7 +217,7 @@ def _filter(cfg: RulesConfig, sets: frozenset[str], out_filters: Iterable[OutFil
         not_local = cfg.if_not_local()
         r.append(
             f"-A KUBE-PROXY-FIREWALL {_c(ipset_specs.NO_LOCAL_ENDPOINTS)} -m set --match-set "
-            f"{ipset_specs.NO_LOCAL_ENDPOINTS} dst,dst -m conntrack --ctstate NEW"
+            f"{n(ipset_specs.NO_LOCAL_ENDPOINTS)} dst,dst -m conntrack --ctstate NEW"
             + (f" {not_local}" if not_local else "")
             + " -m addrtype ! --src-type LOCAL -j DROP"
         )
@@ -213,7 +233,7 @@ def _filter(cfg: RulesConfig, sets: frozenset[str], out_filters: Iterable[OutFil
         '-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" '
         "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
         f"-A KUBE-NODE-PORT {_c(ipset_specs.HEALTH_CHECK_NODE_PORT)} -m set --match-set "
-        f"{ipset_specs.HEALTH_CHECK_NODE_PORT} dst -j ACCEPT",
+        f"{n(ipset_specs.HEALTH_CHECK_NODE_PORT)} dst -j ACCEPT",
     ]
     for name, match in (
         (ipset_specs.LOAD_BALANCER, "dst,dst"),
@@ -222,15 +242,55 @@ def _filter(cfg: RulesConfig, sets: frozenset[str], out_filters: Iterable[OutFil
         (ipset_specs.EXTERNAL_IP_LOCAL, "dst,dst"),
         (ipset_specs.HEALTH_CHECK_NODE_PORT, "dst"),
     ):
-        r.append(f"-A KUBE-IPVS-FILTER -m set --match-set {name} {match} -j RETURN")
+        r.append(f"-A KUBE-IPVS-FILTER -m set --match-set {n(name)} {match} -j RETURN")
     r.append(
-        f"-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set {ipset_specs.IPVS_IPS} "
-        "dst -j REJECT"
+        "-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set "
+        f"{n(ipset_specs.IPVS_IPS)} dst -j REJECT"
     )
     r.append("COMMIT")
     return r
 
 
-def render(cfg: RulesConfig, sets: frozenset[str], out_filters: Iterable[OutFilter]) -> str:
-    """The iptables-restore --noflush text for ipvsproxy's own chains (built-ins untouched)."""
-    return "\n".join(_nat(cfg, sets) + _filter(cfg, sets, out_filters)) + "\n"
+def render(
+    cfg: RulesConfig, sets: frozenset[str], out_filters: Iterable[OutFilter], family: int = 4
+) -> str:
+    """The iptables-restore --noflush text for ipvsproxy's own chains (built-ins untouched) of
+    ``family``'s proxier: ``sets`` names the non-empty sets (of any family), ``out_filters``
+    may be of any family (those of ``family`` are rendered)."""
+
+    def n(name: str) -> str:
+        return ipset_specs.for_family(name, family)
+
+    mine = frozenset(base for base in ipset_specs.V6 if n(base) in sets)
+    v6 = family == 6
+    filters = [f for f in out_filters if (":" in f.address) == v6]
+    fam_cfg = cfg.for_family(family)
+    return "\n".join(_nat(fam_cfg, mine, n, family) + _filter(fam_cfg, mine, filters, n)) + "\n"
+
+
+FAMILY_MARK = "# ipvsproxy: ip6tables-restore from here"
+
+
+def render_families(
+    cfg: RulesConfig,
+    sets: frozenset[str],
+    out_filters: Iterable[OutFilter],
+    families: Iterable[int] = (4,),
+) -> str:
+    """The rules of every family the proxy serves, as one text: IPv4's (iptables-restore), then
+    a FAMILY_MARK line and IPv6's (ip6tables-restore). IPv4 alone is ``render``'s text."""
+    filters = list(out_filters)
+    wanted = set(families)
+    parts = [render(cfg, sets, filters, 4)] if 4 in wanted else [""]
+    if 6 in wanted:
+        parts.append(f"{FAMILY_MARK}\n" + render(cfg, sets, filters, 6))
+    return "".join(parts)
+
+
+def split_families(text: str) -> dict[int, str]:
+    """``render_families``' text by family (4: before the mark, 6: after it)."""
+    v4, mark, v6 = text.partition(f"{FAMILY_MARK}\n")
+    out = {4: v4} if v4 else {}
+    if mark:
+        out[6] = v6
+    return out

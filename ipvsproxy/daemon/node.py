@@ -30,9 +30,11 @@ log = logging.getLogger("ipvsproxy")
 POD_CIDR_WAIT = 300.0  # upstream waits 5 minutes for the Node's pod CIDR (NodeCIDR)
 
 
-def rules_config(cfg: ProxyConfig, node_pod_cidr: str | None = None) -> RulesConfig:
-    """The rules' settings; ``node_pod_cidr`` is the Node's pod CIDR (detectLocalMode
-    NodeCIDR)."""
+def rules_config(
+    cfg: ProxyConfig, node_pod_cidr: str | None = None, node_pod_cidr6: str | None = None
+) -> RulesConfig:
+    """The rules' settings; ``node_pod_cidr`` and ``node_pod_cidr6`` are the Node's pod CIDRs
+    of each family (detectLocalMode NodeCIDR)."""
     local = {
         "NodeCIDR": node_pod_cidr,
         "BridgeInterface": cfg.bridge_interface,
@@ -44,21 +46,32 @@ def rules_config(cfg: ProxyConfig, node_pod_cidr: str | None = None) -> RulesCon
         cluster_cidr=cfg.cluster_cidr,
         detect_local=cfg.detect_local_mode,
         local_value=local.get(cfg.detect_local_mode),
+        cluster_cidr6=cfg.cluster_cidr6,
+        local_value6=node_pod_cidr6 if cfg.detect_local_mode == "NodeCIDR" else None,
     )
 
 
 def node_facts(
-    name: str, backends: Backends, cfg: ProxyConfig, node_ip: str, zone: str = ""
+    name: str,
+    backends: Backends,
+    cfg: ProxyConfig,
+    node_ip: str,
+    zone: str = "",
+    families: tuple[int, ...] = (4,),
+    node_ip6: str | None = None,
 ) -> NodeFacts:
-    """This node's addresses as the kernel has them now, its node IP and its zone."""
+    """This node's addresses of ``families`` as the kernel has them now, its node IPs and its
+    zone."""
     addrs = backends.addresses.indexed()
     dummy = backends.addresses.device_index()
+    ports = node_port_addresses(addrs, dummy, cfg.node_port_addresses, node_ip, families, node_ip6)
     return NodeFacts(
         name=name,
-        node_ips=node_port_addresses(addrs, dummy, cfg.node_port_addresses, node_ip),
-        local_addresses=local_addresses(addrs, dummy),
+        node_ips=ports,
+        local_addresses=local_addresses(addrs, dummy, families),
         primary_ip=node_ip,
         zone=zone,
+        primary_ip6=node_ip6,
     )
 
 
@@ -101,12 +114,12 @@ class NodeTracker:
         with self.health.lock:
             self.health.node_eligible = not (deleting or autoscaled)
         with self._lock:
-            before, zone_before = self.ip(), zone_of(self.last_seen)
+            before, zone_before = (self.ip(), self.ip6()), zone_of(self.last_seen)
             if new is not None:
                 self.last_seen = new
-            changed, zone = self.ip() != before, zone_of(self.last_seen)
+            changed, zone = (self.ip(), self.ip6()) != before, zone_of(self.last_seen)
         if changed:
-            log.info("node IP is now %s", self.ip())
+            log.info("node IP is now %s", " and ".join(filter(None, (self.ip(), self.ip6()))))
             self.changes.mark_where(uses_node_addresses)
         if zone != zone_before:
             log.info("node zone (label %s) is now %r", ZONE_LABEL, zone)
@@ -115,6 +128,12 @@ class NodeTracker:
     def ip(self) -> str:
         """Upstream's detectNodeIPs: bindAddress, else the Node's, else 127.0.0.1."""
         return node_ip(self.cfg.bind_address, self.last_seen) or FALLBACK_NODE_IP
+
+    def ip6(self) -> str | None:
+        """The IPv6 node IP when the proxy serves IPv6: bindAddress, else the Node's."""
+        if 6 not in self.dp.plan_config.families:
+            return None
+        return node_ip(self.cfg.bind_address, self.last_seen, 6)
 
     def wait(self, informer: Informer | None, pod_cidr_timeout: float = POD_CIDR_WAIT) -> bool:
         """Until the Node ``informer``'s first list is done, so the first sync uses the Node's
@@ -150,7 +169,7 @@ class NodeTracker:
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
-                if pod_cidr(self.last_seen) is not None:
+                if pod_cidr(self.last_seen) or pod_cidr(self.last_seen, 6):
                     return True
             if self.stop.is_set() or time.monotonic() >= deadline:
                 return self.stop.is_set()
@@ -169,11 +188,20 @@ class NodeTracker:
             self.dp.node = replace(self.dp.node, zone=zone)
         now = time.monotonic()
         stale = self.addresses_stale.is_set() or now - self._addresses_read >= self.cfg.sync_period
-        if not stale and ip == self.dp.node.primary_ip:
+        ip6 = self.ip6()
+        if not stale and (ip, ip6) == (self.dp.node.primary_ip, self.dp.node.primary_ip6):
             return
         self.addresses_stale.clear()  # a notice from now on is for the next sync
         try:
-            facts = node_facts(self.dp.node.name, self.dp.backends, self.cfg, ip, zone)
+            facts = node_facts(
+                self.dp.node.name,
+                self.dp.backends,
+                self.cfg,
+                ip,
+                zone,
+                self.dp.plan_config.families,
+                ip6,
+            )
         except Exception as exc:  # the facts last read stay; read again at the next sync
             self.addresses_stale.set()
             if str(exc) != self._addresses_error:
@@ -195,7 +223,7 @@ class NodeTracker:
         """detectLocalMode NodeCIDR: the rules follow the Node's pod CIDR (re-rendered at this
         sync when it changed). Upstream exits to be restarted instead."""
         with self._lock:
-            wanted = rules_config(self.cfg, pod_cidr(self.last_seen))
+            wanted = rules_config(self.cfg, pod_cidr(self.last_seen), pod_cidr(self.last_seen, 6))
         if wanted != self.dp.rules_config:
             log.info("local traffic detector: %s", wanted.if_not_local() or "none")
             self.dp.rules_config = wanted

@@ -23,6 +23,7 @@ from ipvsproxy.daemon.proxy import Proxy
 from ipvsproxy.dataplane.dataplane import Backends, Dataplane
 from ipvsproxy.dataplane.statefile import StateLock
 from ipvsproxy.kernel.addresses import AddressEvents
+from ipvsproxy.kernel.families import ipv6_unavailable
 from ipvsproxy.kube import client as kube_client
 from ipvsproxy.kube import slim
 from ipvsproxy.kube.events import EventRecorder
@@ -162,17 +163,28 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
     api = api_client(cfg)
     node_name = cfg.hostname_override or socket.gethostname()
     backends = open_backends()
+    families, unserved = serving_families()
+    backends.serve_families(families)
     apply_kernel_settings(cfg, backends)
-    events = AddressEvents()  # before the first read, so no change falls in between
+    # Before the first read, so no change falls in between.
+    events = AddressEvents(ipv6=6 in families)
     # The node IP is provisional until the Node object is listed (wait_for_node).
     facts = node_facts(
-        node_name, backends, cfg, node_ip(cfg.bind_address, None) or FALLBACK_NODE_IP
+        node_name,
+        backends,
+        cfg,
+        node_ip(cfg.bind_address, None) or FALLBACK_NODE_IP,
+        families=families,
+        node_ip6=node_ip(cfg.bind_address, None, 6) if 6 in families else None,
+    )
+    plan_config = PlanConfig(
+        scheduler=cfg.scheduler, proxy_name=cfg.service_proxy_name, families=families
     )
     dp = Dataplane(
         facts,
         backends,
         Path(cfg.state_path),
-        plan_config=PlanConfig(scheduler=cfg.scheduler, proxy_name=cfg.service_proxy_name),
+        plan_config=plan_config,
         rules_config=rules_config(cfg),
         exclude_cidrs=cfg.exclude_cidrs,
         grace_seconds=drain_seconds(cfg),
@@ -180,6 +192,7 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
     )
     metrics = Metrics()
     proxy = Proxy(cfg, dp, metrics)
+    proxy.health.unserved = unserved
     servers: list[tuple[str, Callable[[], object]]] = []
     if cfg.healthz_bind_address:
         servers.append(("health", lambda: serve_health(proxy.health, cfg.healthz_bind_address)))
@@ -213,6 +226,18 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
     if lock is not None:
         lock.release()
     return 0
+
+
+def serving_families() -> tuple[tuple[int, ...], dict[str, str]]:
+    """The IP families this node serves (IPv4 always, IPv6 where the kernel and ip6tables
+    have it, as upstream), and why each other one is not served; logged once here, and
+    shown by /healthz."""
+    why = ipv6_unavailable()
+    if why is None:
+        log.info("serving IPv4 and IPv6 Services")
+        return (4, 6), {}
+    log.warning("IPv6 Services are not served on this node: %s", why)
+    return (4,), {"IPv6": why}
 
 
 def drain_seconds(cfg: ProxyConfig) -> float:

@@ -291,6 +291,7 @@ class Dataplane:
                 excluded=self._excluded,
                 render_rules=self._rules_text,
                 problem=lambda what, message: self._problem(what, message, result),
+                families=self.plan_config.families,
             )
         except Exception as exc:
             result.errors.append(f"reading the kernel: {exc}")
@@ -324,8 +325,11 @@ class Dataplane:
             result.errors.append(message)
 
     def _rules_text(self) -> str:
-        return ruleset.render(
-            self.rules_config, self.desired.nonempty_sets(), self.desired.out_filters()
+        return ruleset.render_families(
+            self.rules_config,
+            self.desired.nonempty_sets(),
+            self.desired.out_filters(),
+            self.plan_config.families,
         )
 
     def _converge(self, changes: Changes, result: SyncResult) -> None:

@@ -74,9 +74,11 @@ def read_kernel(
     excluded: Callable[[str], bool],
     render_rules: Callable[[], str],
     problem: Problem,
+    families: tuple[int, ...] = (4,),
 ) -> Observed:
     """What the kernel holds, held as the desired objects where it is as desired. A part
-    whose read fails is reported and left out (``unread``); the others are read."""
+    whose read fails is reported and left out (``unread``); the others are read. The sets of
+    ``families`` that are missing are created."""
     unread: set[str] = set()
 
     def read(part: str, what: str, fn: Callable[[], _T], default: _T) -> _T:
@@ -134,7 +136,7 @@ def read_kernel(
         {},
     )
     if "ipsets" not in unread:
-        ensure_sets(backends, members, problem)
+        ensure_sets(backends, members, problem, families)
     rules_text = read(
         "iptables", "iptables", lambda: same_rules(backends, render_rules, state), None
     )
@@ -165,11 +167,16 @@ def reread(obs: Observed, keys: Changes, backends: Backends) -> None:
                 (have.add if entry in sets.get(name, ()) else have.discard)(entry)
 
 
-def ensure_sets(backends: Backends, members: dict[str, set[str]], problem: Problem) -> None:
-    """Create our sets that are missing, one at a time: one the kernel cannot create (a
-    set type it lacks) is reported and stays out of ``members``; its members then fail
-    the Services that want them."""
-    for name in sorted(ipset_specs.UPSTREAM_NAMES - members.keys()):
+def ensure_sets(
+    backends: Backends,
+    members: dict[str, set[str]],
+    problem: Problem,
+    families: tuple[int, ...] = (4,),
+) -> None:
+    """Create our sets of ``families`` that are missing, one at a time: one the kernel cannot
+    create (a set type it lacks) is reported and stays out of ``members``; its members then
+    fail the Services that want them."""
+    for name in sorted(ipset_specs.upstream_names(families) - members.keys()):
         try:
             backends.ipsets.ensure(members.keys(), [name])
         except Exception as exc:

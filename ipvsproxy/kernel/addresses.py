@@ -109,12 +109,16 @@ class Addresses:
 
 
 class AddressEvents:
-    """The kernel's notices of IPv4 addresses added to or removed from any interface (DHCP,
+    """The kernel's notices of addresses added to or removed from any interface (DHCP,
     keepalived, kube-vip, ipvsproxy's own binds to kube-ipvs0)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ipv6: bool = False) -> None:
+        """``ipv6``: IPv6 addresses' notices too."""
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
-        self.sock.bind((0, rtnl_messages.RTMGRP_IPV4_IFADDR))
+        groups = rtnl_messages.RTMGRP_IPV4_IFADDR
+        if ipv6:
+            groups |= rtnl_messages.RTMGRP_IPV6_IFADDR
+        self.sock.bind((0, groups))
 
     def close(self) -> None:
         self.sock.close()

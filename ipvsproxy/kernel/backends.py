@@ -3,6 +3,7 @@ the fakes (``fakes.fake_backends()``), or any mix behind the interfaces."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from ipvsproxy.kernel.addresses import Addresses
@@ -16,7 +17,7 @@ from ipvsproxy.kernel.interfaces import (
     SysctlBackend,
 )
 from ipvsproxy.kernel.ipset import IPSets
-from ipvsproxy.kernel.iptables import IPTables
+from ipvsproxy.kernel.iptables import FamilyRules, IPTables
 from ipvsproxy.kernel.ipvs import IPVS
 from ipvsproxy.kernel.sysctl import Sysctls
 
@@ -32,8 +33,15 @@ class Backends:
 
     @classmethod
     def open(cls) -> KernelBackends:
-        """The real backends, on the node's kernel (the calling thread's network namespace)."""
+        """The real backends, on the node's kernel (the calling thread's network namespace),
+        with IPv4's rules (``serve_families`` adds IPv6's)."""
         return KernelBackends(IPVS(), Addresses(), IPSets(), IPTables(), Conntrack(), Sysctls())
+
+    def serve_families(self, families: Collection[int]) -> None:
+        """Write the rules of ``families``: with IPv6, ip6tables' beside iptables' (the rules
+        backend held becomes IPv4's part of a FamilyRules)."""
+        if 6 in families and not isinstance(self.iptables, FamilyRules):
+            self.iptables = FamilyRules({4: self.iptables, 6: IPTables(family=6)})
 
     def close(self) -> None:
         self.ipvs.close()
@@ -60,6 +68,6 @@ class KernelBackends(Backends):
     ipvs: IPVS
     addresses: Addresses
     ipsets: IPSets
-    iptables: IPTables
+    iptables: IPTables  # IPv4's (serve_families may pair it with IPv6's in a FamilyRules)
     conntrack: Conntrack
     sysctls: Sysctls

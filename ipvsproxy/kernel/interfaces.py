@@ -164,8 +164,13 @@ class RulesBackend(Protocol):
     exist, a syntax error) changes nothing, counts one failed restore and raises ApplyError.
     """
 
-    counters: Counters
-    restore_failures: int  # transactions refused, for the metrics
+    @property
+    def counters(self) -> Counters: ...
+
+    @property
+    def restore_failures(self) -> int:
+        """Transactions refused, for the metrics."""
+        ...
 
     def read(self) -> Observed:
         """A digest of our chains as the kernel shows them, and the jumps missing; raises

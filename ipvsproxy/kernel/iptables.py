@@ -11,10 +11,14 @@ from __future__ import annotations
 import hashlib
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from ipvsproxy.core.ruleset import FILTER_CHAINS, JUMPS, NAT_CHAINS, Jump
+from ipvsproxy.core.ruleset import FILTER_CHAINS, JUMPS, NAT_CHAINS, Jump, split_families
 from ipvsproxy.kernel.errors import ApplyError, Counters, Rejected
+
+if TYPE_CHECKING:
+    from ipvsproxy.kernel.interfaces import RulesBackend
 
 OURS = {"nat": set(NAT_CHAINS), "filter": set(FILTER_CHAINS)}
 
@@ -37,7 +41,15 @@ class IPTables:
     and counts in ``restore_failures``. Other chains, and the built-in chains' other rules,
     are never touched."""
 
-    def __init__(self, restore: str = "iptables-restore", save: str = "iptables-save") -> None:
+    def __init__(
+        self, restore: str = "iptables-restore", save: str = "iptables-save", family: int = 4
+    ) -> None:
+        """``family`` 6: ip6tables (with its restore and save, unless others are named)."""
+        self.family = family
+        self.cmd = "ip6tables" if family == 6 else "iptables"
+        if family == 6:
+            restore = restore.replace("iptables", "ip6tables", 1)
+            save = save.replace("iptables", "ip6tables", 1)
         self.restore_cmd = restore
         self.save_cmd = save
         self.counters = Counters()
@@ -59,7 +71,7 @@ class IPTables:
         missing = []
         for jump in JUMPS:
             check = [
-                "iptables", "-w", "5", "-t", jump.table, "-C", jump.chain,
+                self.cmd, "-w", "5", "-t", jump.table, "-C", jump.chain,
                 "-m", "comment", "--comment", jump.comment, "-j", jump.target,
             ]  # fmt: skip
             if subprocess.run(check, capture_output=True).returncode != 0:
@@ -79,7 +91,8 @@ class IPTables:
         self.counters.count("restore", ok)
         if not ok:
             self.restore_failures += 1
-            raise ApplyError([Rejected(f"iptables-restore: {proc.stderr.strip()}", 22)], 0)
+            why = f"{self.cmd}-restore: {proc.stderr.strip()}"
+            raise ApplyError([Rejected(why, 22)], 0)
 
     def remove(self) -> None:
         """Delete our jumps and chains (cleanup). Chains that are absent are fine."""
@@ -87,7 +100,7 @@ class IPTables:
             while (
                 subprocess.run(
                     [
-                        "iptables",
+                        self.cmd,
                         "-w",
                         "5",
                         "-t",
@@ -108,13 +121,65 @@ class IPTables:
                 pass
         for table, chains in OURS.items():
             for chain in sorted(chains):
-                subprocess.run(
-                    ["iptables", "-w", "5", "-t", table, "-F", chain], capture_output=True
-                )
+                subprocess.run([self.cmd, "-w", "5", "-t", table, "-F", chain], capture_output=True)
             for chain in sorted(chains):
-                subprocess.run(
-                    ["iptables", "-w", "5", "-t", table, "-X", chain], capture_output=True
-                )
+                subprocess.run([self.cmd, "-w", "5", "-t", table, "-X", chain], capture_output=True)
+
+
+class FamilyRules:
+    """The rules of both families behind one RulesBackend: the text is
+    ``ruleset.render_families``' (IPv4's, then IPv6's after its mark), each part restored by
+    its family's IPTables; a missing jump is its family's (``Jump.family``). The fingerprint
+    covers both families' chains."""
+
+    def __init__(self, backends: Mapping[int, RulesBackend]) -> None:
+        self.backends = dict(sorted(backends.items()))
+
+    @property
+    def counters(self) -> Counters:
+        """The families' restores, counted together."""
+        merged = Counters()
+        for b in self.backends.values():
+            for kind, n in b.counters.ok.items():
+                merged.ok[kind] = merged.ok.get(kind, 0) + n
+            for kind, n in b.counters.failed.items():
+                merged.failed[kind] = merged.failed.get(kind, 0) + n
+        return merged
+
+    @property
+    def restore_failures(self) -> int:
+        return sum(b.restore_failures for b in self.backends.values())
+
+    def read(self) -> Observed:
+        seen = {f: b.read() for f, b in self.backends.items()}
+        digest = hashlib.sha256(" ".join(o.fingerprint for o in seen.values()).encode())
+        missing = tuple(replace(j, family=f) for f, o in seen.items() for j in o.missing_jumps)
+        return Observed(digest.hexdigest(), missing)
+
+    def missing_jumps_checked(self) -> tuple[Jump, ...]:
+        return tuple(
+            replace(j, family=f)
+            for f, b in self.backends.items()
+            for j in b.missing_jumps_checked()
+        )
+
+    def apply(self, text: str, missing_jumps: Sequence[Jump] = ()) -> None:
+        """Each family's part of ``text`` through its restore, IPv4's first; a part refused
+        raises ApplyError after the other families' are written."""
+        parts = split_families(text)
+        failed: list[ApplyError] = []
+        for family, backend in self.backends.items():
+            jumps = [j for j in missing_jumps if j.family == family]
+            try:
+                backend.apply(parts.get(family, ""), jumps)
+            except ApplyError as exc:
+                failed.append(exc)
+        if failed:
+            raise ApplyError([r for exc in failed for r in exc.rejected], 0)
+
+    def remove(self) -> None:
+        for backend in self.backends.values():
+            backend.remove()
 
 
 def observe(saved: Mapping[str, str]) -> Observed:

@@ -32,6 +32,9 @@ class HealthState:
     oldest_queued: float | None = None  # when the oldest change queued since then was queued
     node_eligible: bool = True
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # IP families this node does not serve, and why (shown, never a failure: upstream runs
+    # the families it can)
+    unserved: dict[str, str] = field(default_factory=dict)
 
     def queued(self, now: float | None = None) -> None:
         with self.lock:
@@ -57,6 +60,8 @@ class HealthState:
             }
             if node_check:
                 body["nodeEligible"] = self.node_eligible
+            if self.unserved:
+                body["unservedIPFamilies"] = dict(self.unserved)
         return (200 if healthy else 503), body
 
 

@@ -356,7 +356,8 @@ def test_every_field_but_warnings_is_one_setting() -> None:
     keys = [s.key for s in SETTINGS]
     assert len(keys) == len(set(keys))
     fields = {f.name for f in dataclasses.fields(ProxyConfig)}
-    assert set(keys) == fields - {"warnings"} | {"config", "mode"}
+    derived = {"warnings", "cluster_cidr6"}  # cluster_cidr6: clusterCIDR's IPv6 half
+    assert set(keys) == fields - derived | {"config", "mode"}
 
 
 def test_upstream_only_flags_are_accepted_with_a_warning() -> None:
@@ -392,12 +393,12 @@ def test_an_empty_server_address_flag_disables_the_server() -> None:
     assert (cfg.healthz_bind_address, cfg.metrics_bind_address) == ("", "")
 
 
-def test_cluster_cidr_keeps_the_first_ipv4_cidr_of_a_dual_stack_pair() -> None:
+def test_cluster_cidr_keeps_each_family_of_a_dual_stack_pair() -> None:
     cfg = build(conf(clusterCIDR="fd00:10:244::/56,10.244.1.7/16"), [])
-    assert cfg.cluster_cidr == "10.244.0.0/16"
-    assert cfg.warnings == (
-        "clusterCIDR: the IPv6 CIDR fd00:10:244::/56 is not used by ipvsproxy (IPv4 only)",
-    )
+    assert (cfg.cluster_cidr, cfg.cluster_cidr6) == ("10.244.0.0/16", "fd00:10:244::/56")
+    assert cfg.warnings == ()
+    cfg = build(conf(clusterCIDR="fd00:10:244::/56"), [])
+    assert (cfg.cluster_cidr, cfg.cluster_cidr6) == (None, "fd00:10:244::/56")
 
 
 def test_cluster_cidr_is_only_validated_in_cluster_cidr_mode_as_upstream() -> None:

@@ -9,7 +9,7 @@ from typing import Any, cast
 from ipvsproxy.config import build
 from ipvsproxy.core import ipset_specs, ruleset
 from ipvsproxy.core.node_addresses import FALLBACK_NODE_IP
-from ipvsproxy.core.plan import NodeFacts
+from ipvsproxy.core.plan import NodeFacts, PlanConfig
 from ipvsproxy.core.topology import ZONE_LABEL
 from ipvsproxy.daemon.node import node_facts, rules_config
 from ipvsproxy.daemon.proxy import Proxy
@@ -46,6 +46,7 @@ class FakeDataplane:
         self.updated: list[str] = []
         self.notices: dict[str, str] = {}  # reports about other Services (none here)
         self.rules_config = rules_config(cfg)
+        self.plan_config = PlanConfig()
 
     def update_service(self, service: str, _svc: Any, _slices: Any) -> None:
         self.updated.append(service)

@@ -71,3 +71,36 @@ def test_primary_is_the_node_ip_when_it_is_a_local_address() -> None:
     assert node_port_addresses(ADDRS, 4, ["primary"], primary_ip=ip) == ("192.168.56.11",)
     # A node IP the node does not have (yet) carries no NodePort.
     assert node_port_addresses(ADDRS, 4, ["primary"], primary_ip="192.168.56.99") == ()
+
+
+ADDRS6 = [
+    *ADDRS,
+    (1, "::1"),
+    (2, "fc00::11"),
+    (2, "fe80::1"),  # link-local: never a NodePort address
+    (3, "fd00:10:244:1::1"),
+    (4, "fd00:10:96::a"),  # on kube-ipvs0
+]
+
+
+def test_ipv6_node_addresses_when_the_proxy_serves_ipv6() -> None:
+    assert node_port_addresses(ADDRS6, 4) == ("10.244.1.1", "192.168.56.11")
+    assert node_port_addresses(ADDRS6, 4, families=(4, 6)) == (
+        "10.244.1.1",
+        "192.168.56.11",
+        "fc00::11",
+        "fd00:10:244:1::1",
+    )
+    assert local_addresses(ADDRS6, 4, (6,)) == {"fc00::11", "fd00:10:244:1::1"}
+    primary = node_port_addresses(
+        ADDRS6, 4, ["primary"], "192.168.56.11", (4, 6), primary_ip6="fc00::11"
+    )
+    assert primary == ("192.168.56.11", "fc00::11")
+    assert node_port_addresses(ADDRS6, 4, ["fc00::/64"], families=(4, 6)) == ("fc00::11",)
+
+
+def test_the_ipv6_node_ip_is_the_nodes_first_ipv6_internal_ip() -> None:
+    assert node_ip("0.0.0.0", NODE, 6) == "fd00::11"
+    assert node_ip("fd00::7", NODE, 6) == "fd00::7"
+    assert node_ip("::", NODE, 6) == "fd00::11"
+    assert node_ip("0.0.0.0", {"status": {"addresses": []}}, 6) is None

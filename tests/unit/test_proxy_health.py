@@ -136,3 +136,12 @@ def test_rules_that_cannot_be_written_turn_unhealthy_after_the_timeout(h: Node) 
     assert not result.complete
     assert _code(proxy, 1) == 200
     assert _code(proxy, TIMEOUT + 1) == 503
+
+
+def test_healthz_names_the_ip_families_the_node_does_not_serve() -> None:
+    state = HealthState(timeout=60.0)
+    assert "unservedIPFamilies" not in state.status(node_check=True)[1]
+    state.unserved = {"IPv6": "IPv6 is disabled (net.ipv6.conf.all.disable_ipv6 = 1)"}
+    code, body = state.status(node_check=True)
+    assert code == 200  # upstream serves the families it can: not a failure
+    assert body["unservedIPFamilies"] == {"IPv6": state.unserved["IPv6"]}
