@@ -322,10 +322,6 @@ def _no_local_endpoints_set(d: Difference) -> bool:
     return d.kind == "ipset" and d.key.startswith("KUBE-NO-LOCAL-ENDPOINTS") and d.upstream is None
 
 
-def _ipv6_sets(d: Difference) -> bool:
-    return d.kind == "ipset" and d.key.startswith("KUBE-6-") and d.ours is None
-
-
 # The shapes with externalTrafficPolicy Local (with or without a local endpoint, as the live
 # changes make them).
 ETP_LOCAL = frozenset(
@@ -357,13 +353,6 @@ def _drain_timing(d: Difference) -> bool:
 
 
 ALLOWED: tuple[Allowed, ...] = (
-    Allowed(
-        "ipv4-only",
-        "IPv4 only",
-        "upstream runs an IPv6 proxier beside the IPv4 one wherever the kernel has IPv6 and "
-        "creates its KUBE-6-* sets; ipvsproxy is IPv4 only",
-        _ipv6_sets,
-    ),
     Allowed(
         "node-to-external-destinations",
         "externalTrafficPolicy Local with no local endpoint",

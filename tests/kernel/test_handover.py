@@ -57,7 +57,6 @@ UPSTREAM_SETS = {
 
 # Its IPv6 proxier's: the same with KUBE-6- for KUBE-, cut to ipset's 31 characters.
 UPSTREAM_IPV6_SETS = {f"KUBE-6-{name[5:]}"[:31] for name in UPSTREAM_SETS}
-REMOVE_IPV6 = Path(__file__).resolve().parents[2] / "deploy" / "remove-kube-proxy-ipv6.sh"
 
 
 # -- the load -------------------------------------------------------------------------------------
@@ -179,15 +178,6 @@ def changes(before: dict[str, set[str]], after: dict[str, set[str]]) -> dict[str
     return out
 
 
-def ipv4_only(snap: dict[str, set[str]]) -> dict[str, set[str]]:
-    """``snap`` without kube-proxy's IPv6 proxier's ip6tables rules and KUBE-6-* sets."""
-    return {
-        part: {ln for ln in lines if "KUBE-6-" not in ln}
-        for part, lines in snap.items()
-        if part != "ip6tables"
-    }
-
-
 def set_names(snap: dict[str, set[str]]) -> set[str]:
     return {ln.split()[1] for ln in snap["ipsets"] if ln.startswith("create ")}
 
@@ -293,9 +283,9 @@ EXPECTED_TAKEOVER_WRITES = {
     # ... its entries in KUBE-CLUSTER-IP, KUBE-NODE-PORT-TCP and KUBE-IPVS-IPS. Upstream would
     # make the same writes at its next sync.
     "delete_member": 3,
-    # "Taking over a node": upstream's chains are rewritten once (an identical text here), as
-    # ipvsproxy has no record of having written them.
-    "restore": 1,
+    # "Taking over a node": upstream's chains are rewritten once in each family (an identical
+    # text here), as ipvsproxy has no record of having written them.
+    "restore": 2,
 }
 
 
@@ -379,20 +369,10 @@ def test_handover_from_kube_proxy_to_ipvsproxy_and_back(
             "addresses": {"-": [gone_vip], "+": []},
         }
         assert virtual_servers(lab_cluster, node) == kept
-        # Left as kube-proxy's IPv6 proxier made them (ipvsproxy is IPv4 only; README.md,
-        # "Differences from kube-proxy", and deploy/README.md's step that removes them).
+        # kube-proxy's IPv6 proxier's sets and chains are adopted as they are: ipvsproxy
+        # serves IPv6 too.
         assert set_names(after) == UPSTREAM_SETS | UPSTREAM_IPV6_SETS
         assert any(":KUBE-" in line for line in after["ip6tables"])
-        # deploy/README.md's step removes them, and nothing else.
-        for _ in range(2):  # a second run finds nothing to do
-            lab_cluster.exec(node.netns, "sh", str(REMOVE_IPV6))
-        cleaned = snapshot(lab_cluster, node)
-        assert set_names(cleaned) == UPSTREAM_SETS
-        assert not [line for line in cleaned["ip6tables"] if "KUBE-" in line]
-        assert {k: cleaned[k] for k in ("ipvs", "iptables", "addresses")} == {
-            k: after[k] for k in ("ipvs", "iptables", "addresses")
-        }
-        after = cleaned
         syncs = full_syncs(kube)
         wait_for(lambda: full_syncs(kube) >= syncs + 1, 60, "a periodic full sync")
         assert writes(node) == taken, changes(after, snapshot(lab_cluster, node))
@@ -416,10 +396,9 @@ def test_handover_from_kube_proxy_to_ipvsproxy_and_back(
         # No set of ipvsproxy's left behind; kube-proxy's IPv6 proxier has its own again.
         assert set_names(back) == UPSTREAM_SETS | UPSTREAM_IPV6_SETS
         wait_for(load.flowing(load.counts()), 60, "traffic through kube-proxy's node again")
-        # The node is as ipvsproxy took it over: kube-proxy's objects, less "gone"'s.
-        assert changes(ipv4_only(after), ipv4_only(back)) == {}
-        # ... and its IPv6 proxier's objects as they were before the handover.
-        assert back["ip6tables"] == before["ip6tables"]
+        # The node is as ipvsproxy took it over: kube-proxy's objects, less "gone"'s, in both
+        # families.
+        assert changes(after, back) == {}
         assert kube_proxy.running(), kube_proxy.logs()
     finally:
         if load is not None:

@@ -518,7 +518,7 @@ def test_config_path_must_be_the_mounted_key(tmp_path: Path) -> None:
 # -- the entrypoint ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("script", [ENTRYPOINT, DEPLOY / "remove-kube-proxy-ipv6.sh"])
+@pytest.mark.parametrize("script", [ENTRYPOINT])
 def test_scripts_pass_shellcheck(script: Path) -> None:
     assert SHELLCHECK.exists(), f"{SHELLCHECK} is missing (apt-get install shellcheck)"
     proc = subprocess.run(
