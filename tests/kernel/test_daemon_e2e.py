@@ -212,8 +212,11 @@ def ipvs_rules(cluster: Cluster, node: Node) -> str:
 
 def node_dump(cluster: Cluster, node: Node) -> str:
     cmd = "ipvsadm -Sn; ipset list -n | sort; ip -o link | sed 's/^[0-9]*: //' | cut -d' ' -f1-2"
-    return cluster.exec(node.netns, "sh", "-c", cmd).stdout + _tables(
-        cluster.exec(node.netns, "iptables-save").stdout
+    return (
+        cluster.exec(node.netns, "sh", "-c", cmd).stdout
+        + _tables(cluster.exec(node.netns, "iptables-save").stdout)
+        + "\n# ip6tables\n"
+        + _tables(cluster.exec(node.netns, "ip6tables-save").stdout)
     )
 
 
