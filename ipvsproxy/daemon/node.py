@@ -154,14 +154,21 @@ class NodeTracker:
             )
             return False
         with self._lock:
-            found = node_ip(self.cfg.bind_address, self.last_seen)
-        if found is None:
+            found = node_ip(self.cfg.bind_address, self.last_seen) or self.ip6()
+        if found is None:  # (an IPv6-only node has its IPv6 node IP: no warning)
             log.warning(
                 "can't determine this node's IP (no Node %s with an InternalIP or ExternalIP, "
                 "no --bind-address), assuming %s; if this is incorrect, please set the "
                 "--bind-address flag",
                 self.dp.node.name,
                 FALLBACK_NODE_IP,
+            )
+        local = self.dp.node.local_addresses
+        if 6 in self.dp.plan_config.families and not any(":" in a for a in local):
+            log.warning(
+                "this node has no IPv6 address but link-local ones: IPv6 Services are served "
+                "on their cluster IPs, external IPs and load-balancer VIPs, their NodePorts on "
+                "no address until one is added"
             )
         return True
 
