@@ -310,10 +310,11 @@ def plan_service(
     b = _Builder()
     skipped: dict[str, str] = {}
     planned = False
+    cluster_ips = ports[0].cluster_ips if ports else ()
     for family in cfg.families:
-        mine = [sp.of_family(family) for sp in ports]
-        if not mine or not mine[0].cluster_ips:
+        if not any((":" in ip) == (family == 6) for ip in cluster_ips):
             continue  # no cluster IP of this family: nothing for its proxier, as upstream's
+        mine = [sp.of_family(family) for sp in ports]
         planned, b.family = True, family
         wanted = [(sp.name, sp.protocol) for sp in mine]
         by_port = endpoints_by_port(slices, wanted, skipped, family)

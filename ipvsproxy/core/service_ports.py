@@ -80,6 +80,11 @@ class ServicePort:
         """This port as the proxier of ``family`` (4 or 6) sees it: its addresses and source
         ranges of that family only (upstream's per-family service info)."""
         v6 = family == 6
+        everything = (self.cluster_ips, self.external_ips, self.lb_vips, self.lb_source_ranges)
+        if all((":" in a) == v6 for f in everything for a in f) and (
+            ("::/0" if v6 else "0.0.0.0/0") not in self.lb_source_ranges
+        ):
+            return self  # (most Services: of one family, no /0)
         return replace(
             self,
             cluster_ips=tuple(ip for ip in self.cluster_ips if (":" in ip) == v6),
