@@ -1,19 +1,26 @@
 """The lab's cluster topology carries real traffic, and each node has its own IPVS and links.
 
 The topology is dual-stack: the IPv6 tests at the end send real TCP, UDP and SCTP over IPv6
-between pods, nodes and the external client.
+between pods, nodes and the external client, and show the real control plane allocating IPv6
+cluster IPs and the real EndpointSlice controller writing IPv6 slices from the lab pods.
 
 These run inside the UML guest (see lab/uml/pytest_plugin.py); everything here is a real kernel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import subprocess
+from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
 
+from lab.cluster.controlplane import SERVICE_CIDR, SERVICE_CIDR6, ControlPlane
+from lab.cluster.kube import POD_ECHO_PORT, LabKube, wait_for
+from lab.cluster.kubelet import LabPod
 from lab.net import netns
 from lab.net.topology import POD_SUPERNET6, UNDERLAY6, Cluster
 
@@ -255,3 +262,137 @@ def test_ipv4_answers_are_unchanged_by_the_ipv6_listeners(lab_cluster: Cluster) 
         host, port = answer["client"].split(":")
         assert host == client.ip and port.isdigit()
         assert answer["server"].split(":")[1] == "8080"
+
+
+# Dual-stack Services with the real control plane ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dual_stack_kube(
+    lab_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LabKube]:
+    """The real control plane (no proxy) with every lab pod registered dual-stack, app=dual."""
+    lab = LabKube(lab_cluster, tmp_path_factory.mktemp("dual-stack"))
+    try:
+        lab.start_apiserver()
+        lab.start_controller(
+            [
+                LabPod(p.name, "default", p.node, p.ip, {"app": "dual"}, {"echo": 8080}, ip6=p.ip6)
+                for p in lab_cluster.pods
+            ]
+        )
+        yield lab
+    finally:
+        with contextlib.suppress(Exception):
+            print(lab.controlplane.log_tail("kube-controller-manager"))
+        lab.stop()
+
+
+def _service(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "selector": {"app": "dual"},
+            "ports": [{"name": "echo", "port": 80, "targetPort": "echo", "protocol": "TCP"}],
+            **spec,
+        },
+    }
+
+
+def _slices(cp: ControlPlane, service: str) -> dict[str, set[str]]:
+    """The addresses of the Service's EndpointSlices, by address type."""
+    out = cp.call(
+        "GET",
+        "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
+        f"?labelSelector=kubernetes.io/service-name%3D{service}",
+    )
+    by_type: dict[str, set[str]] = {}
+    for item in out["items"]:
+        addrs = by_type.setdefault(item["addressType"], set())
+        for ep in item.get("endpoints") or []:
+            addrs.update(ep["addresses"])
+    return by_type
+
+
+def _slices_are(cp: ControlPlane, service: str, expected: dict[str, set[str]]) -> bool:
+    return _slices(cp, service) == expected
+
+
+def test_node_and_pod_objects_are_dual_stack(
+    lab_cluster: Cluster, dual_stack_kube: LabKube
+) -> None:
+    cp = dual_stack_kube.controlplane
+    for node in lab_cluster.nodes:
+        got = cp.call("GET", f"/api/v1/nodes/{node.name}")["status"]["addresses"]
+        internal = [a["address"] for a in got if a["type"] == "InternalIP"]
+        assert internal == [node.ip, node.ip6]
+    for pod in lab_cluster.pods:
+        status = cp.call("GET", f"/api/v1/namespaces/default/pods/{pod.name}")["status"]
+        assert status["podIP"] == pod.ip
+        assert [p["ip"] for p in status["podIPs"]] == [pod.ip, pod.ip6]
+
+
+# name: (spec fields, families of its cluster IPs, explicit cluster IPs or None)
+SERVICES: dict[str, tuple[dict[str, Any], list[str], list[str] | None]] = {
+    "v4": ({}, ["IPv4"], None),
+    "v6": ({"ipFamilies": ["IPv6"]}, ["IPv6"], None),
+    "v6-explicit": (
+        {"ipFamilies": ["IPv6"], "clusterIP": "fd00:10:96::a"},
+        ["IPv6"],
+        ["fd00:10:96::a"],
+    ),
+    "prefer-dual": ({"ipFamilyPolicy": "PreferDualStack"}, ["IPv4", "IPv6"], None),
+    "require-dual": ({"ipFamilyPolicy": "RequireDualStack"}, ["IPv4", "IPv6"], None),
+    "require-dual-v6-first": (
+        {"ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv6", "IPv4"]},
+        ["IPv6", "IPv4"],
+        None,
+    ),
+    "dual-explicit": (
+        {
+            "ipFamilyPolicy": "RequireDualStack",
+            "clusterIP": "10.96.100.100",
+            "clusterIPs": ["10.96.100.100", "fd00:10:96::100"],
+        },
+        ["IPv4", "IPv6"],
+        ["10.96.100.100", "fd00:10:96::100"],
+    ),
+}
+
+
+def test_ipv6_and_dual_stack_services_get_ipv6_endpoint_slices(
+    lab_cluster: Cluster, dual_stack_kube: LabKube
+) -> None:
+    """Services of every family policy are created, with allocated and with explicit cluster
+    IPs from the right ranges, and the real EndpointSlice controller gives each family of a
+    Service its own slice: the IPv6 one holds the lab pods' IPv6 addresses, which answer."""
+    cp = dual_stack_kube.controlplane
+    ranges = {
+        "IPv4": ipaddress.ip_network(SERVICE_CIDR),
+        "IPv6": ipaddress.ip_network(SERVICE_CIDR6),
+    }
+    for name, (spec, families, explicit) in SERVICES.items():
+        made = cp.call("POST", "/api/v1/namespaces/default/services", _service(name, **spec))
+        assert made["spec"]["ipFamilies"] == families, name
+        ips = made["spec"]["clusterIPs"]
+        assert made["spec"]["clusterIP"] == ips[0]
+        assert len(ips) == len(families)
+        for ip, family in zip(ips, families, strict=True):
+            assert ipaddress.ip_address(ip) in ranges[family], (name, ip)
+        if explicit is not None:
+            assert ips == explicit
+    want = {
+        "IPv4": {p.ip for p in lab_cluster.pods},
+        "IPv6": {p.ip6 for p in lab_cluster.pods},
+    }
+    for name, (_, families, _) in SERVICES.items():
+        expected = {f: want[f] for f in families}
+        wait_for(partial(_slices_are, cp, name, expected), 60, f"the slices of {name}")
+    assert dual_stack_kube.controlplane.running("kube-controller-manager")
+    # The IPv6 endpoints are the lab pods, and they answer there.
+    by_ip6 = {p.ip6: p for p in lab_cluster.pods}
+    client = lab_cluster.node("node-1").pods[0]
+    for ip6 in sorted(_slices(cp, "v6")["IPv6"]):
+        assert netns.tcp_request(client.netns, ip6, POD_ECHO_PORT)["pod"] == by_ip6[ip6].name
