@@ -2,9 +2,11 @@
 kube-controller-manager (its EndpointSlice and EndpointSlice-mirroring controllers), built from
 their Go modules by ``lab.cluster.upstream``.
 
-kube-apiserver listens on ``host:port`` with RBAC on (``Node,RBAC``), kubeadm's Service range
-(10.96.0.0/12) and NodePort range (30000-32767), its own self-signed serving certificate (the
-kubeconfig trusts exactly that), and a static token for the admin (group system:masters).
+kube-apiserver listens on ``host:port`` with RBAC on (``Node,RBAC``), a dual-stack Service
+range (kubeadm's 10.96.0.0/12, primary, and kind's fd00:10:96::/112: a Service is IPv4 unless
+its ``ipFamilyPolicy``/``ipFamilies`` ask for IPv6), the NodePort range (30000-32767), its own
+self-signed serving certificate (the kubeconfig trusts exactly that), and a static token for
+the admin (group system:masters).
 :meth:`ControlPlane.service_account_kubeconfig` issues a token for a ServiceAccount through the
 TokenRequest API, so a client can act as that account and nothing more.
 
@@ -32,7 +34,9 @@ from typing import IO, Any
 
 from lab.cluster import upstream
 
-SERVICE_CIDR = "10.96.0.0/12"
+SERVICE_CIDR = "10.96.0.0/12"  # the primary (IPv4) Service range
+SERVICE_CIDR6 = "fd00:10:96::/112"  # the secondary (IPv6) one
+SERVICE_CIDRS = f"{SERVICE_CIDR},{SERVICE_CIDR6}"
 NODE_PORT_RANGE = "30000-32767"
 ETCD_PORTS = (2379, 2380)  # etcd's own defaults: client, peer
 ADMIN_USER = "lab-admin"
@@ -159,7 +163,7 @@ class ControlPlane:
                 "--authorization-mode=Node,RBAC",
                 # no token controller runs: ServiceAccount tokens come from TokenRequest
                 "--disable-admission-plugins=ServiceAccount",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-cluster-ip-range={SERVICE_CIDRS}",
                 f"--service-node-port-range={NODE_PORT_RANGE}",
                 # no kubernetes.default endpoints pointing at a loopback address
                 "--endpoint-reconciler-type=none",
@@ -177,6 +181,8 @@ class ControlPlane:
                 f"--kubeconfig={self.kubeconfig}",
                 "--controllers=endpointslice-controller,endpointslice-mirroring-controller",
                 "--leader-elect=false",
+                # only node IPAM reads it; given so the two never disagree about the cluster
+                f"--service-cluster-ip-range={SERVICE_CIDRS}",
                 "--secure-port=0",
                 "--v=1",
             ],

@@ -6,8 +6,9 @@ On top of a :class:`lab.net.topology.Cluster` (node and pod namespaces, echo ser
   kube-controller-manager's EndpointSlice controllers) on the underlay (192.168.56.1:6443), an
   admin kubeconfig, and deploy/'s ServiceAccount, ClusterRole and binding,
 - a Node object for every lab node and a Pod object for every lab pod
-  (``lab/cluster/kubelet.py``), so the real EndpointSlice controller writes the slices of Services
-  with a selector,
+  (``lab/cluster/kubelet.py``), dual-stack (an InternalIP and a pod IP of each family, IPv4
+  first), so the real EndpointSlice controller writes the slices of Services with a selector,
+  IPv6 ones for IPv6 and dual-stack Services,
 - ``ipvsproxy run`` in every node namespace, as an operator runs it: a kubeconfig acting as
   deploy/'s ServiceAccount (the real authorizer holds it to deploy/'s ClusterRole) and
   kube-proxy's flags, one state file per node. ``fault=`` starts the daemons through
@@ -232,13 +233,22 @@ class LabKube:
         cp.service_account_kubeconfig(*SERVICE_ACCOUNT, self.daemon_kubeconfig)
         for node in self.cluster.nodes if self.register_nodes else ():
             cidr = node.pod_cidr if self.pod_cidrs else None
-            self.kubelets.register_node(node.name, node.ip, cidr)
+            cidr6 = node.pod_cidr6 if self.pod_cidrs and node.pod_cidr6 else None
+            self.kubelets.register_node(node.name, node.ip, cidr, node.ip6 or None, cidr6)
 
     def start_controller(self, pods: Sequence[LabPod] | None = None) -> None:
-        """Register ``pods`` (default: every lab pod, in namespace default, unlabelled)."""
+        """Register ``pods`` (default: every lab pod with both its addresses, in namespace
+        default, unlabelled)."""
         if pods is None:
             pods = [
-                LabPod(p.name, "default", p.node, p.ip, ports={"echo": POD_ECHO_PORT})
+                LabPod(
+                    p.name,
+                    "default",
+                    p.node,
+                    p.ip,
+                    ports={"echo": POD_ECHO_PORT},
+                    ip6=p.ip6 or None,
+                )
                 for p in self.cluster.pods
             ]
         self.kubelets.add_pods(pods)

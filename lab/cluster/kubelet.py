@@ -1,9 +1,12 @@
 """What the kubelets of a lab cluster would write to the API: Node objects for the lab nodes and
 Pod objects for the lab pods, so the real EndpointSlice controller writes the slices.
 
-A Node carries its InternalIP (and the lab's pod CIDR); a Pod is created on its node
-(``spec.nodeName``), then its status (phase Running, ``podIP``/``podIPs`` and the Ready
-condition) goes through the status subresource, as a kubelet's status manager does. Readiness
+A Node carries its InternalIP, one of each family when it has an IPv6 one too (IPv4 first, as
+a dual-stack kubelet with ``--node-ip=v4,v6`` reports them), and the lab's pod CIDRs; a Pod is
+created on its node (``spec.nodeName``), then its status (phase Running, ``podIP``/``podIPs``,
+IPv4 first, and the Ready condition) goes through the status subresource, as a kubelet's status
+manager does. The EndpointSlice controller writes an IPv6 slice for a Service of family IPv6
+from the pods' IPv6 ``podIPs``. Readiness
 flips go the same way; deleting a pod with a grace period leaves it terminating (no kubelet
 finishes it), which is how terminating endpoints are made; grace period 0 removes it at once.
 """
@@ -50,10 +53,17 @@ class LabPod:
     # protocol of a named port other than TCP: a Service's named targetPort matches a
     # container port by name and protocol
     protocols: dict[str, str] = field(default_factory=dict)
+    ip6: str | None = None  # its IPv6 address: podIPs lists both (IPv4 first)
+
+    @property
+    def ips(self) -> list[str]:
+        """``status.podIPs`` in order: the IPv4 address, then the IPv6 one if any."""
+        return [self.ip, self.ip6] if self.ip6 else [self.ip]
 
     @classmethod
-    def from_manifest(cls, manifest: Mapping[str, Any], ip: str) -> LabPod:
-        """A Pod manifest (``kind: Pod``) placed on a lab pod namespace with address ``ip``."""
+    def from_manifest(cls, manifest: Mapping[str, Any], ip: str, ip6: str | None = None) -> LabPod:
+        """A Pod manifest (``kind: Pod``) placed on a lab pod namespace with address ``ip``
+        (and ``ip6``)."""
         md = manifest.get("metadata") or {}
         spec = manifest.get("spec") or {}
         named = [p for c in spec.get("containers") or [] for p in c.get("ports") or []]
@@ -68,13 +78,24 @@ class LabPod:
             labels=dict(md.get("labels") or {}),
             ports=ports,
             protocols=protocols,
+            ip6=ip6,
         )
 
 
-def node_object(name: str, ip: str, pod_cidr: str | None = None) -> dict[str, Any]:
+def node_object(
+    name: str,
+    ip: str,
+    pod_cidr: str | None = None,
+    ip6: str | None = None,
+    pod_cidr6: str | None = None,
+) -> dict[str, Any]:
+    """A Node as a kubelet registers it: an InternalIP per family (IPv4 first) and, given,
+    ``spec.podCIDRs`` (IPv4 first; ``spec.podCIDR`` is the first)."""
     spec: dict[str, Any] = {}
-    if pod_cidr:
-        spec = {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]}
+    cidrs = [c for c in (pod_cidr, pod_cidr6) if c]
+    if cidrs:
+        spec = {"podCIDR": cidrs[0], "podCIDRs": cidrs}
+    internal = [{"type": "InternalIP", "address": a} for a in (ip, ip6) if a]
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -82,10 +103,7 @@ def node_object(name: str, ip: str, pod_cidr: str | None = None) -> dict[str, An
         "spec": spec,
         # A Node may be created with its status (unlike a Pod): what a kubelet registers.
         "status": {
-            "addresses": [
-                {"type": "InternalIP", "address": ip},
-                {"type": "Hostname", "address": name},
-            ],
+            "addresses": [*internal, {"type": "Hostname", "address": name}],
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
         },
     }
@@ -113,7 +131,7 @@ def pod_status(pod: LabPod) -> dict[str, Any]:
         "status": {
             "phase": "Running",
             "podIP": pod.ip,
-            "podIPs": [{"ip": pod.ip}],
+            "podIPs": [{"ip": ip} for ip in pod.ips],
             "conditions": [
                 {"type": "Initialized", "status": "True"},
                 {"type": "ContainersReady", "status": ready},
@@ -140,8 +158,17 @@ class LabKubelets:
 
     # Nodes ------------------------------------------------------------------------------
 
-    def register_node(self, name: str, ip: str, pod_cidr: str | None = None) -> None:
-        status, out = self.api.request("POST", "/api/v1/nodes", node_object(name, ip, pod_cidr))
+    def register_node(
+        self,
+        name: str,
+        ip: str,
+        pod_cidr: str | None = None,
+        ip6: str | None = None,
+        pod_cidr6: str | None = None,
+    ) -> None:
+        """A Node with InternalIP ``ip`` (and ``ip6``), pod CIDRs when given."""
+        body = node_object(name, ip, pod_cidr, ip6, pod_cidr6)
+        status, out = self.api.request("POST", "/api/v1/nodes", body)
         if status == 409:
             return
         if status >= 300:

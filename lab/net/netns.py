@@ -73,6 +73,23 @@ def read_sysctl(netns: str | None, name: str) -> str:
         return path.read_text().strip()
 
 
+def family_of(host: str) -> socket.AddressFamily:
+    """AF_INET6 for an IPv6 literal (``fd00::1`` or ``[fd00::1]``), else AF_INET."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _literal(host: str) -> str:
+    """An address without the brackets of ``[fd00::1]``."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def split_hostport(text: str) -> tuple[str, int]:
+    """The (address, port) of an echo answer's ``client`` or ``server``: ``10.244.1.11:4242``
+    or ``[fd00:10:244:1::11]:4242``."""
+    host, _, port = text.rpartition(":")
+    return _literal(host), int(port)
+
+
 def tcp_request(
     netns: str | None,
     host: str,
@@ -81,7 +98,8 @@ def tcp_request(
     timeout: float = 5.0,
     proto: int = 0,
 ) -> dict[str, Any]:
-    """Connect from ``netns`` and return the echo server's JSON answer (one-shot session)."""
+    """Connect from ``netns`` and return the echo server's JSON answer (one-shot session).
+    ``host`` is an IPv4 or IPv6 address."""
     with TCPSession(netns, host, port, timeout, proto) as session:
         return session.ask(payload)
 
@@ -92,7 +110,8 @@ class TCPSession:
     def __init__(
         self, netns: str | None, host: str, port: int, timeout: float = 5.0, proto: int = 0
     ) -> None:
-        self.sock = make_socket(netns, socket.SOCK_STREAM, proto=proto)
+        host = _literal(host)
+        self.sock = make_socket(netns, socket.SOCK_STREAM, family_of(host), proto)
         self.sock.settimeout(timeout)
         self.sock.connect((host, port))
         self.local = self.sock.getsockname()
@@ -132,11 +151,13 @@ def udp_request(
     timeout: float = 5.0,
     source_port: int = 0,
 ) -> dict[str, Any]:
-    with make_socket(netns, socket.SOCK_DGRAM) as sock:
+    host = _literal(host)
+    family = family_of(host)
+    with make_socket(netns, socket.SOCK_DGRAM, family) as sock:
         sock.settimeout(timeout)
         if source_port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("0.0.0.0", source_port))
+            sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", source_port))
         sock.connect((host, port))
         sock.send(payload)
         data = sock.recv(65536)

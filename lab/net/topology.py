@@ -1,18 +1,28 @@
-"""A multi-node cluster built from network namespaces inside the lab guest.
+"""A multi-node cluster built from network namespaces inside the lab guest, dual-stack.
 
-    guest root namespace: bridge lab0 (the underlay, 192.168.56.1/24; the API server lives here)
-      |-- node-1 (netns): eth0 192.168.56.11, bridge cni0 10.244.1.1/24, pods 10.244.1.10, .11 ...
-      |-- node-2 (netns): eth0 192.168.56.12, bridge cni0 10.244.2.1/24, ...
-      |-- external (netns): eth0 192.168.56.100, a client that is not a node
+    guest root namespace: bridge lab0 (the underlay, 192.168.56.1/24 and
+                          fc00:f853:ccd:e793::1/64; the API server lives here)
+      |-- node-1 (netns): eth0 192.168.56.11 + fc00:f853:ccd:e793::11,
+      |                   bridge cni0 10.244.1.1/24 + fd00:10:244:1::1/64,
+      |                   pods 10.244.1.11 + fd00:10:244:1::11, 10.244.1.12 + fd00:10:244:1::12 ...
+      |-- node-2 (netns): eth0 192.168.56.12 + fc00:f853:ccd:e793::12, cni0 10.244.2.1/24 + ...
+      |-- external (netns): eth0 192.168.56.100 + fc00:f853:ccd:e793::100, not a node
 
-Nodes route each other's pod CIDRs through the underlay (host-gw, as flannel's host-gw backend
-does), have ip_forward and bridge-nf-call-iptables on, and pods default-route through their
-node's cni0. As on real nodes (Docker and many distributions set it), a node's filter FORWARD
-policy is DROP: the lab's "CNI" admits the connections that pods open or that are addressed to
-pods (``FORWARD_RULES``); everything else a node forwards, such as the replies to a client
-outside the pod network whose connection a Service's virtual server took to a pod unmasqueraded,
-passes only by kube-proxy's own KUBE-FORWARD rules. Each namespace gets its commands in one
-``ip -batch`` process: forks are the expensive thing in this kernel.
+An IPv6 address reads as its IPv4 counterpart: the IPv4 address's last number written as the
+last IPv6 group (node 1's .11 is ``::11``, hexadecimal 0x11; distinct numbers stay distinct)
+and node N's pod CIDR is fd00:10:244:N::/64. Every IPv6 address is added with ``nodad``:
+nothing waits for duplicate-address detection.
+
+Nodes route each other's pod CIDRs (both families) through the underlay (host-gw, as flannel's
+host-gw backend does), have IPv4 and IPv6 forwarding and bridge-nf-call-iptables/-ip6tables
+on, and pods default-route (both families) through their node's cni0. The external namespace
+has no route to the pod or Service ranges in either family: a test that wants one adds it. As
+on real nodes (Docker and many distributions set it), a node's filter FORWARD policy is DROP in
+both families: the lab's "CNI" admits the connections that pods open or that are addressed to
+pods (``FORWARD_RULES``, ``FORWARD_RULES6``); everything else a node forwards, such as the
+replies to a client outside the pod network whose connection a Service's virtual server took to
+a pod unmasqueraded, passes only by kube-proxy's own KUBE-FORWARD rules. Each namespace gets its
+commands in one ``ip -batch`` process: forks are the expensive thing in this kernel.
 """
 
 from __future__ import annotations
@@ -31,20 +41,51 @@ UNDERLAY_BRIDGE = "lab0"
 ROOT_IP = ipaddress.IPv4Address("192.168.56.1")
 EXTERNAL_IP = ipaddress.IPv4Address("192.168.56.100")
 POD_SUPERNET = ipaddress.IPv4Network("10.244.0.0/16")
+# IPv6 (kind's dual-stack defaults): the underlay, node N's pod CIDR fd00:10:244:N::/64 (N
+# written as IPv6 text), and the Service range the API server allocates IPv6 cluster IPs from.
+UNDERLAY6 = ipaddress.IPv6Network("fc00:f853:ccd:e793::/64")
+ROOT_IP6 = ipaddress.IPv6Address("fc00:f853:ccd:e793::1")
+EXTERNAL_IP6 = ipaddress.IPv6Address("fc00:f853:ccd:e793::100")
+POD_SUPERNET6 = ipaddress.IPv6Network("fd00:10:244::/48")
+SERVICE_CIDR6 = ipaddress.IPv6Network("fd00:10:96::/112")
 MAX_NODES = 80
-# The filter table of every node: policy DROP, and what a CNI admits (by the connection's
-# original direction, so both directions of it: replies too).
-FORWARD_RULES = "\n".join(
+
+
+def _forward_rules(supernet: str, extra: Sequence[str] = ()) -> str:
+    """The filter table of every node: policy DROP, and what a CNI admits (by the connection's
+    original direction, so both directions of it: replies too)."""
+    return "\n".join(
+        [
+            "*filter",
+            ":FORWARD DROP [0:0]",
+            *extra,
+            '-A FORWARD -m comment --comment "lab CNI: connections to pods" '
+            f"-m conntrack --ctorigdst {supernet} -j ACCEPT",
+            '-A FORWARD -m comment --comment "lab CNI: connections from pods" '
+            f"-m conntrack --ctorigsrc {supernet} -j ACCEPT",
+            "COMMIT",
+            "",
+        ]
+    )
+
+
+FORWARD_RULES = _forward_rules(str(POD_SUPERNET))
+# IPv6 neighbour discovery is ICMPv6 (ARP, its IPv4 counterpart, never meets iptables) and is not
+# tracked: bridged between two pods of a node with bridge-nf-call-ip6tables on, it must be let
+# through by type or pods on one node cannot find each other.
+ND_TYPES = (
+    "router-solicitation",
+    "router-advertisement",
+    "neighbour-solicitation",
+    "neighbour-advertisement",
+)
+FORWARD_RULES6 = _forward_rules(
+    str(POD_SUPERNET6),
     [
-        "*filter",
-        ":FORWARD DROP [0:0]",
-        '-A FORWARD -m comment --comment "lab CNI: connections to pods" '
-        f"-m conntrack --ctorigdst {POD_SUPERNET} -j ACCEPT",
-        '-A FORWARD -m comment --comment "lab CNI: connections from pods" '
-        f"-m conntrack --ctorigsrc {POD_SUPERNET} -j ACCEPT",
-        "COMMIT",
-        "",
-    ]
+        '-A FORWARD -m comment --comment "lab CNI: neighbour discovery" '
+        f"-p ipv6-icmp -m icmp6 --icmpv6-type {t} -j ACCEPT"
+        for t in ND_TYPES
+    ],
 )
 MAX_PODS = 200
 
@@ -60,6 +101,7 @@ class Pod:
     netns: str
     ip: str
     host_veth: str  # the pod's port on its node's cni0
+    ip6: str = ""  # its IPv6 address (fd00:10:244:N::J), "" when planned without one
 
 
 @dataclass(frozen=True)
@@ -71,6 +113,9 @@ class Node:
     pod_cidr: str
     gateway: str
     pods: tuple[Pod, ...]
+    ip6: str = ""  # on the underlay (fc00:f853:ccd:e793::N)
+    pod_cidr6: str = ""  # fd00:10:244:N::/64
+    gateway6: str = ""  # cni0's IPv6 address, the pods' IPv6 default gateway
 
 
 @dataclass(frozen=True)
@@ -80,6 +125,7 @@ class Host:
     name: str
     netns: str
     ip: str
+    ip6: str = ""
 
 
 @dataclass
@@ -87,6 +133,7 @@ class Cluster:
     nodes: tuple[Node, ...]
     external: Host
     apiserver_ip: str = str(ROOT_IP)
+    root_ip6: str = str(ROOT_IP6)  # the guest root namespace's address on lab0
     _echo: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
 
     @property
@@ -159,7 +206,7 @@ class Cluster:
             raise ValueError(f"pods_per_node must be 0..{MAX_PODS}, got {pods_per_node}")
         cluster = cls(
             nodes=tuple(_plan_node(i, pods_per_node) for i in range(1, nodes + 1)),
-            external=Host("external", "external", str(EXTERNAL_IP)),
+            external=Host("external", "external", str(EXTERNAL_IP), str(EXTERNAL_IP6)),
         )
         try:
             _create(cluster)
@@ -169,9 +216,17 @@ class Cluster:
         return cluster
 
 
+def _v6(network: ipaddress.IPv6Network, number: int) -> str:
+    """The address of ``network`` whose last group reads as the IPv4 one's last number:
+    ``::11`` for .11 (0x11: decimal digits are hexadecimal digits too, so distinct numbers stay
+    distinct)."""
+    return str(network.network_address + int(str(number), 16))
+
+
 def _plan_node(index: int, pods: int) -> Node:
     name = f"node-{index}"
     cidr = ipaddress.IPv4Network(f"10.244.{index}.0/24")
+    cidr6 = ipaddress.IPv6Network(f"fd00:10:244:{index}::/64")
     hosts = list(cidr.hosts())
     plan = tuple(
         Pod(
@@ -180,6 +235,7 @@ def _plan_node(index: int, pods: int) -> Node:
             netns=f"pod-{index}-{j}",
             ip=str(hosts[9 + j]),
             host_veth=f"vp{index}x{j}",
+            ip6=_v6(cidr6, 10 + j),
         )
         for j in range(1, pods + 1)
     )
@@ -191,21 +247,28 @@ def _plan_node(index: int, pods: int) -> Node:
         pod_cidr=str(cidr),
         gateway=str(hosts[0]),
         pods=plan,
+        ip6=_v6(UNDERLAY6, 10 + index),
+        pod_cidr6=str(cidr6),
+        gateway6=_v6(cidr6, 1),
     )
 
 
 def _create(cluster: Cluster, underlay: bool = True) -> None:
-    prefix = UNDERLAY.prefixlen
+    prefix, prefix6 = UNDERLAY.prefixlen, UNDERLAY6.prefixlen
     root = []
     if underlay:
         root = [
             f"link add {UNDERLAY_BRIDGE} type bridge",
             f"address add {ROOT_IP}/{prefix} dev {UNDERLAY_BRIDGE}",
+            f"address add {cluster.root_ip6}/{prefix6} dev {UNDERLAY_BRIDGE} nodad",
             f"link set {UNDERLAY_BRIDGE} up",
         ]
-    hosts: list[tuple[str, str, str]] = [(n.netns, n.ip, f"vn{n.index}") for n in cluster.nodes]
-    hosts.append((cluster.external.netns, cluster.external.ip, "vext"))
-    for ns, _, veth in hosts:
+    hosts: list[tuple[str, str, str, str]] = [
+        (n.netns, n.ip, n.ip6, f"vn{n.index}") for n in cluster.nodes
+    ]
+    ext = cluster.external
+    hosts.append((ext.netns, ext.ip, ext.ip6, "vext"))
+    for ns, _, _, veth in hosts:
         root += [
             f"netns add {ns}",
             f"link add {veth} type veth peer name eth0 netns {ns}",
@@ -215,21 +278,25 @@ def _create(cluster: Cluster, underlay: bool = True) -> None:
         for pod in node.pods:
             root.append(f"netns add {pod.netns}")
     _batch(None, root)
-    for ns, ip, _ in hosts:
-        _batch(ns, ["link set lo up", f"address add {ip}/{prefix} dev eth0", "link set eth0 up"])
+    for ns, ip, ip6, _ in hosts:
+        cmds = ["link set lo up", f"address add {ip}/{prefix} dev eth0"]
+        if ip6:
+            cmds.append(f"address add {ip6}/{prefix6} dev eth0 nodad")
+        _batch(ns, [*cmds, "link set eth0 up"])
     for node in cluster.nodes:
         _create_node(cluster, node)
 
 
 def _create_node(cluster: Cluster, node: Node) -> None:
-    cmds = [
-        "link add cni0 type bridge",
-        f"address add {node.gateway}/24 dev cni0",
-        "link set cni0 up",
-    ]
+    cmds = ["link add cni0 type bridge", f"address add {node.gateway}/24 dev cni0"]
+    if node.gateway6:
+        cmds.append(f"address add {node.gateway6}/64 dev cni0 nodad")
+    cmds.append("link set cni0 up")
     for other in cluster.nodes:
         if other is not node:
             cmds.append(f"route add {other.pod_cidr} via {other.ip} dev eth0")
+            if other.pod_cidr6 and other.ip6:
+                cmds.append(f"route add {other.pod_cidr6} via {other.ip6} dev eth0")
     for pod in node.pods:
         cmds += [
             f"link add {pod.host_veth} type veth peer name eth0 netns {pod.netns}",
@@ -239,22 +306,26 @@ def _create_node(cluster: Cluster, node: Node) -> None:
             f"link set {pod.host_veth} type bridge_slave hairpin on",
         ]
     _batch(node.netns, cmds)
-    for key in ("net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables"):
+    for key in (
+        "net.ipv4.ip_forward",
+        "net.ipv6.conf.all.forwarding",
+        "net.bridge.bridge-nf-call-iptables",
+        "net.bridge.bridge-nf-call-ip6tables",
+    ):
         netns.write_sysctl(node.netns, key, "1")
-    restore = ["ip", "netns", "exec", node.netns, "iptables-restore", "--noflush"]
-    proc = subprocess.run(restore, input=FORWARD_RULES, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise TopologyError(f"FORWARD rules in {node.netns}: {proc.stderr.strip()}")
+    for tool, rules in (("iptables-restore", FORWARD_RULES), ("ip6tables-restore", FORWARD_RULES6)):
+        restore = ["ip", "netns", "exec", node.netns, tool, "--noflush"]
+        proc = subprocess.run(restore, input=rules, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise TopologyError(f"FORWARD rules ({tool}) in {node.netns}: {proc.stderr.strip()}")
     for pod in node.pods:
-        _batch(
-            pod.netns,
-            [
-                "link set lo up",
-                f"address add {pod.ip}/24 dev eth0",
-                "link set eth0 up",
-                f"route add default via {node.gateway}",
-            ],
-        )
+        cmds = ["link set lo up", f"address add {pod.ip}/24 dev eth0"]
+        if pod.ip6:
+            cmds.append(f"address add {pod.ip6}/64 dev eth0 nodad")
+        cmds += ["link set eth0 up", f"route add default via {node.gateway}"]
+        if pod.ip6 and node.gateway6:
+            cmds.append(f"route add ::/0 via {node.gateway6}")
+        _batch(pod.netns, cmds)
 
 
 def _link_exists(name: str) -> bool:
