@@ -52,6 +52,9 @@ class Changes:
         self.rules = self.rules or other.rules
 
 
+_IPVS_IPS6 = ipset_specs.V6[ipset_specs.IPVS_IPS]
+
+
 class DesiredState:
     """Every Service's plan, and their union: what the differ compares the kernel with.
 
@@ -85,30 +88,44 @@ class DesiredState:
         # Virtual servers more than one Service claims: every claimant (the owner among them).
         self.contested: dict[ServiceKey, set[str]] = {}
         self.moved: set[str] = set()  # other Services the last update took or gave keys
-        self.bind_refs: Counter[str] = Counter()
+        self.bind_refs: Counter[str] = Counter()  # IPv4 binds: KUBE-IPVS-IPS's members
+        self.bind_refs6: Counter[str] = Counter()  # IPv6 ones: KUBE-6-IPVS-IPS's
         self.member_refs: dict[str, Counter[str]] = {name: Counter() for name in ipset_specs.NAMES}
         self.out_filter_refs: Counter[OutFilter] = Counter()
 
+    def _refs(self, set_name: str) -> Counter[str]:
+        if set_name == ipset_specs.IPVS_IPS:
+            return self.bind_refs
+        if set_name == _IPVS_IPS6:
+            return self.bind_refs6
+        return self.member_refs[set_name]
+
     def member_keys(self, set_name: str) -> Collection[str]:
         """The entries ``set_name`` should hold, as held here (no copy)."""
-        if set_name == ipset_specs.IPVS_IPS:
-            return self.bind_refs.keys()
-        return self.member_refs[set_name].keys()
+        return self._refs(set_name).keys()
 
     def has_member(self, set_name: str, entry: str) -> bool:
-        if set_name == ipset_specs.IPVS_IPS:
-            return entry in self.bind_refs
-        return entry in self.member_refs[set_name]
+        return entry in self._refs(set_name)
 
     def members_among(self, set_name: str, entries: set[str]) -> set[str]:
         """Those of ``entries`` that ``set_name`` should hold (``has_member`` of each, at once)."""
-        refs = self.bind_refs if set_name == ipset_specs.IPVS_IPS else self.member_refs[set_name]
-        return entries & refs.keys()
+        return entries & self._refs(set_name).keys()
+
+    def binds(self) -> Collection[str]:
+        """Every address to bind to kube-ipvs0, both families (no copy without IPv6 ones)."""
+        if not self.bind_refs6:
+            return self.bind_refs.keys()
+        return self.bind_refs.keys() | self.bind_refs6.keys()
+
+    def is_bound(self, address: str) -> bool:
+        return address in self.bind_refs or address in self.bind_refs6
 
     def nonempty_sets(self) -> frozenset[str]:
         names = {n for n, c in self.member_refs.items() if c}
         if self.bind_refs:
             names.add(ipset_specs.IPVS_IPS)
+        if self.bind_refs6:
+            names.add(_IPVS_IPS6)
         return frozenset(names)
 
     def out_filters(self) -> list[OutFilter]:
@@ -206,7 +223,7 @@ class DesiredState:
         filters: set[OutFilter],
     ) -> None:
         self._update_servers(old, plan, changes)
-        self._update_refs(self.bind_refs, old.bind, plan.bind, changes.addresses)
+        self._update_binds(old.bind, plan.bind, changes.addresses)
         for name in set(old.members) | set(plan.members):
             touched: set[str] = set()
             self._update_refs(
@@ -221,9 +238,20 @@ class DesiredState:
                     changes.members[name] = touched
                 else:
                     mine |= touched
-        if changes.addresses:
-            changes.members.setdefault(ipset_specs.IPVS_IPS, set()).update(changes.addresses)
+        for address in changes.addresses:
+            changes.members.setdefault(ipset_specs.ipvs_ips_set(address), set()).add(address)
         self._update_refs(self.out_filter_refs, old.out_filters, plan.out_filters, filters)
+
+    def _update_binds(self, old: frozenset[str], new: frozenset[str], touched: set[str]) -> None:
+        """Each family's binds counted apart (a plan of IPv4 addresses only, most of them, in
+        one pass)."""
+        if not any(":" in a for a in old) and not any(":" in a for a in new):
+            self._update_refs(self.bind_refs, old, new, touched)
+            return
+        for refs, v6 in ((self.bind_refs, False), (self.bind_refs6, True)):
+            mine_old = frozenset(a for a in old if (":" in a) == v6)
+            mine_new = frozenset(a for a in new if (":" in a) == v6)
+            self._update_refs(refs, mine_old, mine_new, touched)
 
     def _update_servers(self, old: ServicePlan, new: ServicePlan, changes: Changes) -> None:
         """Both plans as applied: every virtual server of ``new`` is its Service's own."""

@@ -137,6 +137,12 @@ def for_family(name: str, family: int) -> str:
     return V6[name] if family == 6 else name
 
 
+def ipvs_ips_set(address: str) -> str:
+    """KUBE-IPVS-IPS or its IPv6 twin: the set of the addresses bound to kube-ipvs0 of
+    ``address``'s family."""
+    return V6[IPVS_IPS] if ":" in address else IPVS_IPS
+
+
 def names(families: Iterable[int] = (4,)) -> frozenset[str]:
     """The sets of the proxiers of ``families``."""
     wanted = set(families)

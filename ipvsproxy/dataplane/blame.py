@@ -26,7 +26,8 @@ class Blame:
         self._owners: dict[tuple[str, str], list[str]] | None = None  # (set, entry) -> Services
 
     def address(self, op: AddressOp, why: object) -> None:
-        keys = Changes(addresses={op.address}, members={ipset_specs.IPVS_IPS: {op.address}})
+        ipvs_ips = ipset_specs.ipvs_ips_set(op.address)
+        keys = Changes(addresses={op.address}, members={ipvs_ips: {op.address}})
         self._fail(self._owners_of_address(op.address), f"{op}: {why}", keys)
 
     def member(self, op: MemberOp, why: object) -> None:
@@ -50,7 +51,7 @@ class Blame:
 
     def _owners_of_address(self, address: str) -> list[str]:
         """The Services that bind ``address`` ("" for none: a deleted Service's leftover)."""
-        return self._owners_of_member(ipset_specs.IPVS_IPS, address)
+        return self._owners_of_member(ipset_specs.ipvs_ips_set(address), address)
 
     def _owners_of_member(self, name: str, entry: str) -> list[str]:
         """The Services that want ``entry`` in set ``name`` ("" for none)."""
@@ -58,7 +59,8 @@ class Blame:
             self._owners = {}
             for service, plan in self.desired.plans.items():
                 for address in plan.bind:
-                    self._owners.setdefault((ipset_specs.IPVS_IPS, address), []).append(service)
+                    key = (ipset_specs.ipvs_ips_set(address), address)
+                    self._owners.setdefault(key, []).append(service)
                 for set_name, entries in plan.members.items():
                     for member in entries:
                         self._owners.setdefault((set_name, member), []).append(service)

@@ -43,7 +43,7 @@ def differing(desired: DesiredState, obs: Observed) -> Changes:
     services.update(k for k in obs.services if k not in want_vs)
     return Changes(
         services=services,
-        addresses=_either(desired.bind_refs.keys(), obs.bound),
+        addresses=_either(desired.binds(), obs.bound),
         members={
             n: _either(desired.member_keys(n), obs.members.get(n, set())) for n in ipset_specs.NAMES
         },
@@ -64,7 +64,7 @@ def address_ops(
     owned: Callable[[str], bool],
 ) -> list[AddressOp]:
     """Binds and unbinds for the changed ``addresses``, against those ``bound`` now."""
-    want = {a for a in addresses if a in desired.bind_refs}
+    want = {a for a in addresses if desired.is_bound(a)}
     return diff_addresses(want, bound & addresses, owned)
 
 

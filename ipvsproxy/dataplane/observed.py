@@ -105,7 +105,7 @@ def read_kernel(
     bound = read(
         "addresses",
         "kube-ipvs0",
-        lambda: adopt_members(desired.bind_refs.keys(), backends.addresses.bound()),
+        lambda: adopt_members(desired.binds(), backends.addresses.bound()),
         no_addresses,
     )
     # Read before anything is written: the NodePort sets as the node's previous proxy

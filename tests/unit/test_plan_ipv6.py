@@ -146,3 +146,21 @@ def test_ipv6_endpoints_the_kernel_refuses_are_skipped_with_a_warning() -> None:
     (warning,) = p.warnings
     for address, why in odd.items():
         assert f"'{address}' (" in warning and why in warning.split(f"'{address}' (")[1]
+
+
+def test_bound_addresses_are_members_of_their_familys_ipvs_ips_set() -> None:
+    from ipvsproxy.core.desired import DesiredState
+
+    desired = DesiredState()
+    changes = desired.update("default/web", plan(dual(), slice4("web", "10.244.2.5")))
+    assert changes.addresses == {"10.96.0.10", "fd00:10:96::a"}
+    assert changes.members[ipset_specs.IPVS_IPS] == {"10.96.0.10"}
+    assert changes.members[V6[ipset_specs.IPVS_IPS]] == {"fd00:10:96::a"}
+    assert set(desired.member_keys(ipset_specs.IPVS_IPS)) == {"10.96.0.10"}
+    assert set(desired.member_keys(V6[ipset_specs.IPVS_IPS])) == {"fd00:10:96::a"}
+    assert set(desired.binds()) == {"10.96.0.10", "fd00:10:96::a"}
+    assert {ipset_specs.IPVS_IPS, V6[ipset_specs.IPVS_IPS]} <= desired.nonempty_sets()
+    gone = desired.update("default/web", plan(service("web", "10.96.0.10")))
+    assert gone.members[V6[ipset_specs.IPVS_IPS]] == {"fd00:10:96::a"}
+    assert not desired.member_keys(V6[ipset_specs.IPVS_IPS])
+    assert desired.is_bound("10.96.0.10") and not desired.is_bound("fd00:10:96::a")
