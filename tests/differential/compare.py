@@ -37,6 +37,13 @@ class NodeFacts:
     peer_pod_prefix: str
     pod_name_prefix: str  # "pod-2-": the echo names of this node's pods
     peer_pod_name_prefix: str
+    # The same of IPv6 ("" where the lab has none): "fd00:10:244:2::" as the pod prefix
+    ip6: str = ""
+    bridge_ip6: str = ""
+    pod_prefix6: str = ""
+    peer_ip6: str = ""
+    peer_bridge_ip6: str = ""
+    peer_pod_prefix6: str = ""
 
     def address(self, text: str) -> str:
         """One address (or CIDR) with the node's facts replaced."""
@@ -46,13 +53,21 @@ class NodeFacts:
             (self.bridge_ip, "NODE-BRIDGE"),
             (self.peer_ip, "PEER"),
             (self.peer_bridge_ip, "PEER-BRIDGE"),
+            (self.ip6, "NODE6"),
+            (self.bridge_ip6, "NODE-BRIDGE6"),
+            (self.peer_ip6, "PEER6"),
+            (self.peer_bridge_ip6, "PEER-BRIDGE6"),
         ):
-            if addr == real:
+            if real and addr == real:
                 return name + slash + bits
-        if addr.startswith(self.pod_prefix):
-            return "LOCAL-POD." + addr[len(self.pod_prefix) :] + slash + bits
-        if addr.startswith(self.peer_pod_prefix):
-            return "PEER-POD." + addr[len(self.peer_pod_prefix) :] + slash + bits
+        for prefix, name in (
+            (self.pod_prefix, "LOCAL-POD."),
+            (self.peer_pod_prefix, "PEER-POD."),
+            (self.pod_prefix6, "LOCAL-POD6::"),
+            (self.peer_pod_prefix6, "PEER-POD6::"),
+        ):
+            if prefix and addr.startswith(prefix):
+                return name + addr[len(prefix) :] + slash + bits
         return text
 
     def pod(self, name: str) -> str:
@@ -64,8 +79,10 @@ class NodeFacts:
         return name
 
     def endpoint(self, text: str) -> str:
-        """``ADDR:PORT`` with the address normalised."""
+        """``ADDR:PORT`` (``[ADDR]:PORT`` for IPv6) with the address normalised."""
         addr, _, port = text.rpartition(":")
+        if addr.startswith("["):
+            return f"[{self.address(addr[1:-1])}]:{port}"
         return f"{self.address(addr)}:{port}"
 
 

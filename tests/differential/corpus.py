@@ -61,6 +61,13 @@ class Shape:
             "spec": spec,
         }
 
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The IP families its cluster IPs are of (the lab's cluster is IPv4-primary)."""
+        if self.spec.get("ipFamilyPolicy") == "RequireDualStack":
+            return ("IPv4", "IPv6")
+        return tuple(self.spec.get("ipFamilies") or ["IPv4"])
+
     def pod_name(self, pod: PodSpec) -> str:
         return f"{self.name}-{pod.node}-{pod.index}"
 
@@ -217,6 +224,41 @@ SHAPES: tuple[Shape, ...] = (
             "internalTrafficPolicy": "Local",
         },
         note="a traffic policy Local ignores topology",
+    ),
+    Shape(
+        "ipv6",
+        {
+            "type": "NodePort",
+            "ipFamilies": ["IPv6"],
+            "ipFamilyPolicy": "SingleStack",
+            "ports": [port(80, "tcp"), port(53, "udp", "UDP")],
+        },
+        note="IPv6 only: its cluster IP and NodePorts",
+    ),
+    Shape(
+        "dual-stack",
+        {"type": "NodePort", "ipFamilyPolicy": "RequireDualStack", "ports": list(HTTP)},
+        note="a cluster IP and NodePorts of each family",
+    ),
+    Shape(
+        "dual-stack-etp-local",
+        {
+            "type": "NodePort",
+            "ipFamilyPolicy": "RequireDualStack",
+            "externalTrafficPolicy": "Local",
+            "ports": list(HTTP),
+        },
+    ),
+    Shape(
+        "ipv6-affinity",
+        {
+            "ipFamilies": ["IPv6"],
+            "ipFamilyPolicy": "SingleStack",
+            "ports": list(HTTP),
+            "sessionAffinity": "ClientIP",
+            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 3600}},
+        },
+        pods=REMOTE,
     ),
     Shape("no-endpoints", {"type": "NodePort", "ports": list(HTTP)}, pods=()),
     Shape("proxy-name", {"ports": list(HTTP)}, labels={PROXY_NAME_LABEL: "other-proxy"}),

@@ -34,7 +34,8 @@ EXTERNAL_ROUTES = ("203.0.113.0/24", "192.0.2.0/24")
 REQUEST_TIMEOUT = 1.5
 REQUESTS = 8  # more than the most endpoints a shape has (6), so rr shows every one
 PROBE_WORKERS = 8
-ICMP_RATEMASK = "net.ipv4.icmp_ratemask"
+# Both families' ICMP error rate limits, turned off while probing.
+ICMP_LIMITS = ("net.ipv4.icmp_ratemask", "net.ipv6.icmp.ratelimit")
 
 
 def facts(cluster: Cluster, node: Node) -> NodeFacts:
@@ -48,6 +49,12 @@ def facts(cluster: Cluster, node: Node) -> NodeFacts:
         peer_pod_prefix=peer.pod_cidr.rsplit(".", 1)[0] + ".",
         pod_name_prefix=f"pod-{node.index}-",
         peer_pod_name_prefix=f"pod-{peer.index}-",
+        ip6=node.ip6,
+        bridge_ip6=node.gateway6,
+        pod_prefix6=node.pod_cidr6.split("/")[0],
+        peer_ip6=peer.ip6,
+        peer_bridge_ip6=peer.gateway6,
+        peer_pod_prefix6=peer.pod_cidr6.split("/")[0],
     )
 
 
@@ -56,6 +63,7 @@ class PodState(NamedTuple):
     ready: bool
     terminating: bool
     selected: bool  # labelled for its Service's selector
+    ip6: str = ""
 
 
 @dataclass
@@ -79,7 +87,8 @@ class DiffLab:
         # What the API should say: shape -> Pod name -> its state (what the EndpointSlice
         # controller must have written before the proxies are compared).
         self.model: dict[str, dict[str, PodState]] = {}
-        self.icmp_ratemask: dict[str, str] = {}  # each compared node's, to restore
+        # each compared node's ICMP limits, to restore
+        self.icmp_limits: dict[tuple[str, str], str] = {}
 
     # Set-up -----------------------------------------------------------------------------
 
@@ -88,8 +97,9 @@ class DiffLab:
         # probe, not as the rate limit lets them: otherwise probes side by side make one
         # node's answer "timeout" and the other's "unreachable" by timing alone.
         for node in (self.upstream_node, self.our_node):
-            self.icmp_ratemask[node.name] = netns.read_sysctl(node.netns, ICMP_RATEMASK)
-            netns.write_sysctl(node.netns, ICMP_RATEMASK, "0")
+            for key in ICMP_LIMITS:
+                self.icmp_limits[(node.name, key)] = netns.read_sysctl(node.netns, key)
+                netns.write_sysctl(node.netns, key, "0")
         kube = self.kube
         kube.start_apiserver()
         for node in self.cluster.nodes:
@@ -121,8 +131,8 @@ class DiffLab:
         peers.kube_proxy_cleanup(self.upstream_node.netns)
         for route in EXTERNAL_ROUTES:
             self.cluster.exec(self.cluster.external.netns, "ip", "route", "del", route, check=False)
-        for name, mask in self.icmp_ratemask.items():
-            netns.write_sysctl(self.cluster.node(name).netns, ICMP_RATEMASK, mask)
+        for (name, key), value in self.icmp_limits.items():
+            netns.write_sysctl(self.cluster.node(name).netns, key, value)
 
     def logs(self) -> str:
         upstream = self.peer.logs(tail=200_000) if self.peer else ""
@@ -154,7 +164,7 @@ class DiffLab:
 
     def add_pod(self, s: corpus.Shape, p: corpus.PodSpec) -> None:
         lab_pod = self.cluster.pod(p.lab_pod())
-        self.model[s.name][s.pod_name(p)] = PodState(lab_pod.ip, p.ready, False, True)
+        self.model[s.name][s.pod_name(p)] = PodState(lab_pod.ip, p.ready, False, True, lab_pod.ip6)
         self.kube.kubelets.add_pod(
             LabPod(
                 s.pod_name(p),
@@ -165,6 +175,7 @@ class DiffLab:
                 {"echo": corpus.ECHO_PORT, "echo-udp": corpus.ECHO_PORT},
                 ready=p.ready,
                 protocols={"echo-udp": "UDP"},
+                ip6=lab_pod.ip6 or None,
             )
         )
         if p.terminating:
@@ -200,11 +211,20 @@ class DiffLab:
 
     def expected_endpoints(self) -> dict[str, list[tuple[str, bool, bool]]]:
         """Per Service with a selector: (address, serving, terminating) of its endpoints."""
-        return {
-            shape: sorted((p.ip, p.ready, p.terminating) for p in pods.values() if p.selected)
-            for shape, pods in self.model.items()
-            if corpus.shape(shape).spec.get("type") != "ExternalName"
-        }
+        out = {}
+        for shape, pods in self.model.items():
+            s = corpus.shape(shape)
+            if s.spec.get("type") == "ExternalName":
+                continue
+            addresses = [
+                (ip, p.ready, p.terminating)
+                for p in pods.values()
+                if p.selected
+                for family, ip in (("IPv4", p.ip), ("IPv6", p.ip6))
+                if family in s.families
+            ]
+            out[shape] = sorted(addresses)
+        return out
 
     def services(self) -> list[dict[str, Any]]:
         out = self.cp.call("GET", f"/api/v1/namespaces/{corpus.NAMESPACE}/services")
@@ -318,7 +338,8 @@ def owner_index(services: list[dict[str, Any]]) -> dict[str, str]:
     owners: dict[str, str] = {}
     for svc in services:
         name, spec = svc["metadata"]["name"], svc["spec"]
-        ips = [spec.get("clusterIP") or "", *(spec.get("externalIPs") or [])]
+        ips = [*(spec.get("clusterIPs") or [spec.get("clusterIP") or ""])]
+        ips += spec.get("externalIPs") or []
         ips += [
             i.get("ip", "")
             for i in svc.get("status", {}).get("loadBalancer", {}).get("ingress") or []
@@ -328,7 +349,7 @@ def owner_index(services: list[dict[str, Any]]) -> dict[str, str]:
                 if ip and ip != "None":
                     owners[f"{ip}:{p['port']}"] = name
             if p.get("nodePort"):
-                for where in ("NODE", "NODE-BRIDGE", ""):
+                for where in ("NODE", "NODE-BRIDGE", "NODE6", "NODE-BRIDGE6", ""):
                     owners[f"{where}:{p['nodePort']}"] = name
         if spec.get("healthCheckNodePort"):
             owners[f":{spec['healthCheckNodePort']}"] = name
@@ -371,11 +392,17 @@ def probe_service(
     for p in spec.get("ports") or []:
         proto, label = p.get("protocol", "TCP"), p.get("name") or str(p["port"])
         targets: list[tuple[str, str, int, tuple[str, ...]]] = []
-        if spec.get("clusterIP") not in (None, "None"):
-            targets.append(("clusterIP", spec["clusterIP"], p["port"], ("pod", "node")))
-        if p.get("nodePort"):
+        cluster_ips = spec.get("clusterIPs") or [spec.get("clusterIP")]
+        for ip in cluster_ips if spec.get("clusterIP") not in (None, "None") else ():
+            kind = "clusterIP6" if ":" in ip else "clusterIP"
+            targets.append((kind, ip, p["port"], ("pod", "node")))
+        families = spec.get("ipFamilies") or ["IPv4"]
+        if p.get("nodePort") and "IPv4" in families:
             targets.append(("nodePort", node.ip, p["nodePort"], ("pod", "node", "external")))
             targets.append(("nodePort@bridge", node.gateway, p["nodePort"], ("pod",)))
+        if p.get("nodePort") and "IPv6" in families:
+            targets.append(("nodePort6", node.ip6, p["nodePort"], ("pod", "node", "external")))
+            targets.append(("nodePort6@bridge", node.gateway6, p["nodePort"], ("pod",)))
         for ip in spec.get("externalIPs") or []:
             targets.append(("externalIP", ip, p["port"], ("pod", "node", "external")))
         for ing in ingress:
@@ -414,7 +441,7 @@ def observe(ns: str, proto: str, ip: str, port: int, f: NodeFacts, sticky: bool)
             failure = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
         else:
             pods.add(f.pod(str(answer["pod"])))
-            clients.add(f.address(str(answer["client"]).rpartition(":")[0]))
+            clients.add(f.address(netns.split_hostport(str(answer["client"]))[0]))
             continue
         if i == 0:
             return failure  # a first failure is the outcome: the others would only wait

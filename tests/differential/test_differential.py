@@ -47,7 +47,9 @@ def programmed(services: list[dict[str, object]]) -> set[tuple[str, str]]:
         if md["name"] in UNPROXIED:
             continue
         for p in spec.get("ports") or []:
-            keys.add((p.get("protocol", "TCP"), f"{spec['clusterIP']}:{p['port']}"))
+            for ip in spec.get("clusterIPs") or [spec["clusterIP"]]:
+                host = f"[{ip}]" if ":" in ip else ip
+                keys.add((p.get("protocol", "TCP"), f"{host}:{p['port']}"))
     return keys
 
 
