@@ -6,6 +6,8 @@ cluster IPs from fd00:10:96::/112, the real EndpointSlice controller writing IPv
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -105,6 +107,12 @@ def on(cluster: Cluster, node: Node) -> set[str]:
     return {p.name for p in cluster.pods if p.node == node.name}
 
 
+def ipvsproxy(cluster: Cluster, node: Node, *argv: str) -> str:
+    proc = cluster.exec(node.netns, sys.executable, "-m", "ipvsproxy", *argv, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
 def node_port(svc: Any, name: str) -> int:
     return int(next(p.node_port for p in svc.spec.ports if p.name == name))
 
@@ -139,6 +147,17 @@ def test_an_ipv6_only_service_answers_every_protocol_from_pods_nodes_and_outside
             seen = [ask(lab_cluster.external.netns, node.ip6, np, proto) for _ in range(6)]
             assert all(pod for pod, _ in seen), (node.name, proto, seen)
             assert lab_cluster.external.ip6 not in {client for _, client in seen}
+    # ipvsproxy status shows it as ipvsadm does, and the kernel as the daemon wants it.
+    node = lab_cluster.nodes[0]
+    assert kube.daemons is not None
+    argv = ["status", "--state-file", str(kube.daemons.state_file(node))]
+    table = ipvsproxy(lab_cluster, node, *argv, "-n")
+    assert f"[{vip}]:80" in table and "default/six:tcp" in table, table
+    report = json.loads(ipvsproxy(lab_cluster, node, *argv, "--output", "json"))
+    assert report["drift"]["count"] == 0, report["drift"]
+    six = [vs for vs in report["virtualServers"] if vs["service"] == "default/six"]
+    assert {vs["address"] for vs in six if vs["role"] == "ClusterIP"} == {vip}
+    assert all(vs["topology"] == "Cluster" for vs in six), six
     # Nothing of it in IPv4: its NodePorts are IPv6 virtual servers only.
     saved = lab_cluster.exec(lab_cluster.nodes[0].netns, "ipvsadm", "-Sn").stdout.splitlines()
     mine = [ln for ln in saved if ln.startswith("-A ") and f":{node_port(svc, 'tcp')} " in ln]

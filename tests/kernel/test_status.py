@@ -264,7 +264,7 @@ def test_status_matches_ipvsadm_and_names_every_server(lab_cluster: Cluster, kub
     table = status(lab_cluster, n1, state, "-n")
     assert "daemon not running" in table and "view: kernel + state file" in table
     assert re.search(
-        rf"^TCP\s+{re.escape(web_ip)}:80\s+rr\s+default/web:http\s+NodePort$", table, re.M
+        rf"^TCP\s+{re.escape(web_ip)}:80\s+rr\s+default/web:http\s+NodePort\s+Cluster$", table, re.M
     )
 
     # Nothing but the kernel: every server still listed, names unknown, and said so.
@@ -297,6 +297,7 @@ def check_table(table: str, web_ip: str, sticky_ip: str, held: str, held_ip: str
         "Flags",
         "Service",
         "Type",
+        "Endpoints",
     ]
     assert lines[3].split() == [
         "->",
@@ -309,11 +310,11 @@ def check_table(table: str, web_ip: str, sticky_ip: str, held: str, held_ip: str
         "Node",
     ]
     assert re.search(
-        rf"^TCP\s+{re.escape(web_ip)}:80\s+rr\s+default/web:http\s+NodePort$", table, re.M
+        rf"^TCP\s+{re.escape(web_ip)}:80\s+rr\s+default/web:http\s+NodePort\s+Cluster$", table, re.M
     )
     assert re.search(
         rf"^TCP\s+{re.escape(sticky_ip)}:81\s+rr\s+persistent 10800\s+"
-        r"default/sticky:81\s+ClusterIP$",
+        r"default/sticky:81\s+ClusterIP\s+Cluster$",
         table,
         re.M,
     )
@@ -344,6 +345,7 @@ def check_counter_tables(cluster: Cluster, node: Node, state: Path, web_ip: str)
         "OutBytes",
         "Service",
         "Type",
+        "Endpoints",
     ]
     assert heads[1][:2] == ["->", "RemoteAddress:Port"] and heads[1][-2:] == ["Pod", "Node"]
     assert "default/sticky" not in stats and "default/web:http" in stats
