@@ -10,13 +10,17 @@ IF_INET6 = Path("/proc/net/if_inet6")
 DISABLE_IPV6 = Path("/proc/sys/net/ipv6/conf/all/disable_ipv6")
 
 
-def ipv6_unavailable(ip6tables_save: str = "ip6tables-save") -> str | None:
+def ipv6_unavailable(
+    ip6tables_save: str = "ip6tables-save",
+    if_inet6: Path = IF_INET6,
+    disable_ipv6: Path = DISABLE_IPV6,
+) -> str | None:
     """Why this node cannot serve IPv6 Services; None when it can: the kernel has IPv6, it is
     not disabled, and ip6tables' nat table can be read."""
-    if not IF_INET6.exists():
-        return f"the kernel has no IPv6 ({IF_INET6} is missing)"
+    if not if_inet6.exists():
+        return f"the kernel has no IPv6 ({if_inet6} is missing)"
     try:
-        if DISABLE_IPV6.read_text().strip() == "1":
+        if disable_ipv6.read_text().strip() == "1":
             return "IPv6 is disabled (net.ipv6.conf.all.disable_ipv6 = 1)"
     except OSError:
         pass  # not readable here: ip6tables decides
