@@ -122,7 +122,10 @@ def cluster_endpoints(endpoints: Sequence[E], node: str, zone: str) -> tuple[lis
     mode = NO_TOPOLOGY
     if any(e.hints is not None for e in endpoints):
         mode = topology_mode(endpoints, node, zone)
-    chosen = [e for e in endpoints if e.ready and _for_topology(e, mode, node, zone)]
+    if mode == NO_TOPOLOGY:  # (most Services: one pass, no call per endpoint)
+        chosen = [e for e in endpoints if e.ready]
+    else:
+        chosen = [e for e in endpoints if e.ready and _for_topology(e, mode, node, zone)]
     if chosen:
         return chosen, mode
     # No ready endpoint anywhere (the mode needs one): serving terminating ones, any topology.
