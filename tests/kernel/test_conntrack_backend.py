@@ -118,3 +118,30 @@ def test_flush_stale_leaves_a_tcp_flow_to_a_udp_targets_address_and_port(
     after = lab_cluster.exec(n1.netns, "conntrack", "-L", "-p", "tcp").stdout
     assert after.count(f"dst={a.ip} sport=") == tcp_to_a, after
     assert f"dst={a.ip}" not in flows(lab_cluster, n1.netns)
+
+
+def test_flush_stale_deletes_ipv6_flows_only_of_their_target(lab_cluster: Cluster) -> None:
+    """The same over IPv6: entries of family inet6 are read and deleted as IPv4's are."""
+    n1 = lab_cluster.node("node-1")
+    client, a = n1.pods[1], n1.pods[0]
+    b, other = lab_cluster.node("node-2").pods[0], lab_cluster.node("node-3").pods[0]
+    rule = ["FORWARD", "-m", "conntrack", "--ctstate", "NEW", "-j", "ACCEPT"]
+    lab_cluster.exec(n1.netns, "ip6tables", "-A", *rule)
+    try:
+        netns.udp_request(client.netns, b.ip6, 8080, source_port=41010)
+        netns.udp_request(client.netns, other.ip6, 8080, source_port=41011)
+        before = lab_cluster.exec(n1.netns, "conntrack", "-L", "-f", "ipv6", "-p", "udp").stdout
+        assert f"dst={b.ip6}" in before and f"dst={other.ip6}" in before
+        key = ServiceKey(b.ip6, Protocol.UDP, 8080)
+        with netns.entered(n1.netns):
+            ct = Conntrack()
+            try:
+                kept = ct.flush_stale({key: Stale({b.ip6})})  # answered by a live one
+                gone = ct.flush_stale({key: Stale({a.ip6})})
+            finally:
+                ct.close()
+        assert kept == {key: 0} and gone == {key: 1}
+        after = lab_cluster.exec(n1.netns, "conntrack", "-L", "-f", "ipv6", "-p", "udp").stdout
+        assert f"dst={b.ip6}" not in after and f"dst={other.ip6}" in after
+    finally:
+        lab_cluster.exec(n1.netns, "ip6tables", "-D", *rule)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from types import SimpleNamespace
 
 from ipvsproxy.core.virtual_servers import Protocol, ServiceKey
@@ -47,7 +48,7 @@ def test_an_entry_without_a_readable_destination_is_skipped_not_fatal() -> None:
     stale_one = _Entry("10.96.0.10", 53, "10.244.9.9")
     sock = _Socket([*odd, stale_one])
     ct = Conntrack()
-    ct._ct = sock
+    ct._ct = {socket.AF_INET: sock}
     dns, other = (
         ServiceKey("10.96.0.10", Protocol.UDP, 53),
         ServiceKey("10.96.0.11", Protocol.UDP, 53),
