@@ -37,7 +37,7 @@ from lab.net.topology import Cluster, Node
 APISERVER_PORT = 6443
 HEALTHZ_PORT = 10256
 METRICS_ADDRESS = "127.0.0.1:10249"
-CLUSTER_CIDR = "10.244.0.0/16"
+CLUSTER_CIDR = "10.244.0.0/16,fd00:10:244::/48"  # dual-stack: the pods of both families
 POD_ECHO_PORT = 8080
 REPO = Path(__file__).resolve().parents[2]
 SERVICE_ACCOUNT = ("kube-system", "ipvsproxy")  # deploy/serviceaccount.yaml

@@ -24,7 +24,7 @@ from typing import IO, Any
 from lab.cluster import upstream
 from lab.cluster.controlplane import ControlPlane
 
-CLUSTER_CIDR = "10.244.0.0/16"
+CLUSTER_CIDR = "10.244.0.0/16,fd00:10:244::/48"  # dual-stack: the pods of both families
 SERVICE_CIDR = "10.96.0.0/12"
 KUBE_PROXY_SA = ("kube-system", "kube-proxy")  # kubeadm's
 

@@ -336,7 +336,8 @@ class Allowed:
 
 
 def _no_local_endpoints_set(d: Difference) -> bool:
-    return d.kind == "ipset" and d.key.startswith("KUBE-NO-LOCAL-ENDPOINTS") and d.upstream is None
+    own = ("KUBE-NO-LOCAL-ENDPOINTS", "KUBE-6-NO-LOCAL-ENDPOINTS")  # and its IPv6 twin
+    return d.kind == "ipset" and d.key.startswith(own) and d.upstream is None
 
 
 # The shapes with externalTrafficPolicy Local (with or without a local endpoint, as the live

@@ -151,3 +151,13 @@ def test_a_traffic_difference_counts_only_if_every_reprobe_shows_it() -> None:
     assert (still, transient) == ([kept], [lost])
     assert asked == [{"a", "b"}, {"b"}]
     assert compare.reprobe([kept], probe, times=0) == ([kept], [])
+
+
+def test_the_ipv6_no_local_endpoints_set_is_ipvsproxys_own_too() -> None:
+    """Created when a dual-stack eTP Local Service has no local IPv6 endpoint for a moment (its
+    slices arriving one by one), it stays, empty, as the IPv4 one does."""
+    d = Difference("ipset", "KUBE-6-NO-LOCAL-ENDPOINTS", None, "hash:ip,port")
+    left, used = compare.unexplained([d])
+    assert left == [] and list(used) == ["no-local-endpoints-set"]
+    reverse = Difference("ipset", "KUBE-6-NO-LOCAL-ENDPOINTS", "hash:ip,port", None)
+    assert compare.unexplained([reverse])[0] == [reverse]

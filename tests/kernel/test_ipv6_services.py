@@ -196,6 +196,37 @@ def test_dual_stack_external_traffic_policy_local_keeps_the_clients_ipv6_address
     core(kube).delete_namespaced_service("dual", "default")
 
 
+def test_an_ipv6_external_ip_answers_pods_nodes_and_outside(
+    lab_cluster: Cluster, kube: LabKube
+) -> None:
+    ext, node = lab_cluster.external, lab_cluster.nodes[2]
+    address = "2001:db8::9"
+    create(
+        kube,
+        "ext",
+        {
+            "ipFamilies": ["IPv6"],
+            "ipFamilyPolicy": "SingleStack",
+            "externalIPs": [address],
+            "ports": ports("TCP", "UDP"),
+        },
+    )
+    lab_cluster.exec(ext.netns, "ip", "-6", "route", "replace", f"{address}/128", "via", node.ip6)
+    try:
+        pods = everyone(lab_cluster)
+        for ns in (node.pods[-1].netns, node.netns, ext.netns):
+            for i, proto in enumerate(("TCP", "UDP")):
+                check = partial(
+                    lambda n, p, pr: answered(n, address, p, pr) == pods, ns, 80 + i, proto
+                )
+                eventually(check, f"{proto} [{address}]:{80 + i} from {ns}")
+        # From outside: masqueraded (externalTrafficPolicy Cluster).
+        assert ext.ip6 not in {ask(ext.netns, address, 80)[1] for _ in range(4)}
+    finally:
+        lab_cluster.exec(ext.netns, "ip", "-6", "route", "del", f"{address}/128", check=False)
+        core(kube).delete_namespaced_service("ext", "default")
+
+
 def test_ipv6_affinity_hairpin_and_source_ranges(lab_cluster: Cluster, kube: LabKube) -> None:
     ext = lab_cluster.external
     node = lab_cluster.nodes[1]
