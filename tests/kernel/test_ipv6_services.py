@@ -265,3 +265,32 @@ def test_ipv6_affinity_hairpin_and_source_ranges(lab_cluster: Cluster, kube: Lab
         lab_cluster.exec(ext.netns, "ip", "-6", "route", "del", f"{vip}/128", check=False)
         core(kube).delete_namespaced_service("fw", "default")
         core(kube).delete_namespaced_service("sticky", "default")
+
+
+def test_the_ipv6_local_traffic_detector_masquerades_only_traffic_from_outside_the_pods(
+    lab_cluster: Cluster, kube: LabKube
+) -> None:
+    """clusterCIDR's IPv6 half (the lab's fd00:10:244::/48) tells pod traffic from the rest:
+    a pod reaches an IPv6 cluster IP with its own address, a client outside the pods' range
+    routed to it through a node is masqueraded (without the detector it would not be)."""
+    ext, node = lab_cluster.external, lab_cluster.nodes[0]
+    svc = create(
+        kube,
+        "detect",
+        {"ipFamilies": ["IPv6"], "ipFamilyPolicy": "SingleStack", "ports": ports("TCP")},
+    )
+    vip = svc.spec.cluster_ip
+    pod = node.pods[-1]
+    lab_cluster.exec(ext.netns, "ip", "-6", "route", "replace", f"{vip}/128", "via", node.ip6)
+    try:
+        eventually(lambda: bool(ask(pod.netns, vip, 80)[0]), "the cluster IP answers")
+        remote = [(p, c) for p, c in (ask(pod.netns, vip, 80) for _ in range(12)) if p]
+        # Answered by a pod of another node: the client seen is the pod itself.
+        others = {c for p, c in remote if not p.startswith(f"pod-{node.index}-")}
+        assert others == {pod.ip6}, remote
+        eventually(lambda: bool(ask(ext.netns, vip, 80)[0]), "the cluster IP from outside")
+        seen = {c for p, c in (ask(ext.netns, vip, 80) for _ in range(6)) if p}
+        assert seen and ext.ip6 not in seen, seen
+    finally:
+        lab_cluster.exec(ext.netns, "ip", "-6", "route", "del", f"{vip}/128", check=False)
+        core(kube).delete_namespaced_service("detect", "default")
