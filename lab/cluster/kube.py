@@ -25,12 +25,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from lab.cluster.controlplane import ControlPlane
-from lab.cluster.kubelet import LabKubelets, LabPod
+from lab.cluster.kubelet import MERGE_PATCH, LabKubelets, LabPod
 from lab.net import netns
 from lab.net.topology import Cluster, Node
 
@@ -279,9 +279,18 @@ class LabKube:
 
         wait_for(synced, timeout, f"first sync on {node.name}")
 
-    def start(self) -> LabKube:
+    def start(
+        self,
+        pods: Sequence[LabPod] | None = None,
+        node_labels: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> LabKube:
+        """Every step: ``pods`` as ``start_controller`` takes them, each Node labelled with
+        ``node_labels[name]`` before any pod is registered; then the first sync everywhere."""
         self.start_apiserver()
-        self.start_controller()
+        for name, labels in (node_labels or {}).items():
+            body = {"metadata": {"labels": dict(labels)}}
+            self.controlplane.call("PATCH", f"/api/v1/nodes/{name}", body, content_type=MERGE_PATCH)
+        self.start_controller(pods)
         self.start_daemons()
         for node in self.cluster.nodes:
             self.wait_first_sync(node)

@@ -30,27 +30,21 @@ def kube(lab_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     """The dual-stack control plane, every lab pod (both addresses) labelled app=six, the
     daemons."""
     lab = LabKube(lab_cluster, tmp_path_factory.mktemp("ipv6"))
-    lab.start_apiserver()
-    lab.start_controller(
-        [
-            LabPod(
-                p.name,
-                "default",
-                p.node,
-                p.ip,
-                {"app": "six"},
-                {name: POD_ECHO_PORT for name in NAMED.values()},
-                protocols={"echo-udp": "UDP", "echo-sctp": "SCTP"},
-                ip6=p.ip6,
-            )
-            for p in lab_cluster.pods
-        ]
-    )
-    lab.start_daemons()
+    pods = [
+        LabPod(
+            p.name,
+            "default",
+            p.node,
+            p.ip,
+            {"app": "six"},
+            {name: POD_ECHO_PORT for name in NAMED.values()},
+            protocols={"echo-udp": "UDP", "echo-sctp": "SCTP"},
+            ip6=p.ip6,
+        )
+        for p in lab_cluster.pods
+    ]
     try:
-        for node in lab_cluster.nodes:
-            lab.wait_first_sync(node)
-        yield lab
+        yield lab.start(pods)
     finally:
         print(lab.logs())  # shown with a failure's report
         lab.stop(cleanup=True)

@@ -27,24 +27,13 @@ ZONES = {"node-1": "zone-a", "node-2": "zone-a", "node-3": "zone-b"}
 @pytest.fixture(scope="module")
 def kube(lab_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabKube]:
     """The control plane with zoned Nodes, every lab pod labelled app=topo, the daemons."""
-    from kubernetes import client
-
     lab = LabKube(lab_cluster, tmp_path_factory.mktemp("topology"))
-    lab.start_apiserver()
-    core: Any = client.CoreV1Api(lab.api)
-    for name, zone in ZONES.items():
-        core.patch_node(name, {"metadata": {"labels": {ZONE: zone}}})
-    lab.start_controller(
-        [
-            LabPod(p.name, "default", p.node, p.ip, {"app": "topo"}, {"echo": POD_ECHO_PORT})
-            for p in lab_cluster.pods
-        ]
-    )
-    lab.start_daemons()
+    pods = [
+        LabPod(p.name, "default", p.node, p.ip, {"app": "topo"}, {"echo": POD_ECHO_PORT})
+        for p in lab_cluster.pods
+    ]
     try:
-        for node in lab_cluster.nodes:
-            lab.wait_first_sync(node)
-        yield lab
+        yield lab.start(pods, {name: {ZONE: zone} for name, zone in ZONES.items()})
     finally:
         print(lab.logs())  # shown with a failure's report
         lab.stop(cleanup=True)
