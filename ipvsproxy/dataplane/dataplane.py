@@ -45,7 +45,7 @@ from ipvsproxy.dataplane.steps import (
 )
 from ipvsproxy.kernel.backends import Backends as Backends
 from ipvsproxy.kernel.errors import ApplyError
-from ipvsproxy.kernel.sysctl import required
+from ipvsproxy.kernel.sysctl import expected, not_as_expected, required
 
 log = logging.getLogger("ipvsproxy")
 
@@ -305,7 +305,9 @@ class Dataplane:
 
     def _ensure_sysctls(self, result: SyncResult) -> None:
         """The sysctls IPVS needs, set once at start as upstream's NewProxier does, one at a
-        time: one that cannot be written is reported once and programming goes on."""
+        time: one that cannot be written is reported once and programming goes on. Those the
+        served families need but ipvsproxy leaves alone (``expected``) are read, and reported
+        once when they differ."""
         if self.sysctls_tried:
             return
         self.sysctls_tried = True
@@ -315,6 +317,14 @@ class Dataplane:
             except Exception as exc:
                 self.sysctl_failures[name] = str(exc)
                 result.errors.append(f"cannot set sysctl {name}={value}: {exc}")
+        for name, wanted in expected(self.plan_config.families).items():
+            try:
+                value = self.backends.sysctls.read({name: wanted})[name]
+            except Exception as exc:
+                value = f"unreadable ({exc})"
+            if value != wanted:
+                self.sysctl_failures[name] = not_as_expected(name, value, wanted)
+                result.errors.append(self.sysctl_failures[name])
 
     def _problem(self, what: str, message: str | None, result: SyncResult) -> None:
         """``what`` fails (``message``) or works (None); a new failure is reported once."""
@@ -470,7 +480,8 @@ class Dataplane:
 
     def sysctls(self) -> dict[str, str]:
         """The kernel settings IPVS forwarding needs, as they are now (for status and logs)."""
-        return self.backends.sysctls.read(required(self.strict_arp))
+        names = {**required(self.strict_arp), **expected(self.plan_config.families)}
+        return self.backends.sysctls.read(names)
 
     def _save_state(self) -> None:
         """Write the state file; a failed write (disk full, read-only) is logged and counted,

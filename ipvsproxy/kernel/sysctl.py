@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from ipvsproxy.kernel.errors import Counters
@@ -28,6 +28,26 @@ def required(strict_arp: bool, kernel_release: str | None = None) -> dict[str, s
         values["net/ipv4/conf/all/arp_ignore"] = "1"
         values["net/ipv4/conf/all/arp_announce"] = "2"
     return values
+
+
+# Read, never written. Turning IPv6 forwarding on turns off router advertisements on every
+# interface with accept_ra 1, so the node could lose its IPv6 default route; upstream's
+# proxiers neither set nor check it. Off, the pods' IPv6 replies cannot cross the node.
+IPV6_FORWARDING = "net/ipv6/conf/all/forwarding"
+
+
+def expected(families: Collection[int]) -> dict[str, str]:
+    """The settings the served ``families`` need that ipvsproxy checks but leaves alone."""
+    return {IPV6_FORWARDING: "1"} if 6 in families else {}
+
+
+def not_as_expected(name: str, value: str, wanted: str) -> str:
+    """Why a setting ``expected`` returns is a problem while it reads ``value``."""
+    return (
+        f"sysctl {name} is {value}, not {wanted}: IPv6 Services' replies from pods are not "
+        "forwarded (ipvsproxy does not set it: turning IPv6 forwarding on turns off router "
+        "advertisements on the node's interfaces)"
+    )
 
 
 class Sysctls:

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from ipvsproxy.core.plan import PlanConfig
 from ipvsproxy.dataplane.dataplane import Dataplane
+from ipvsproxy.kernel.sysctl import not_as_expected
 from lab.net import netns
 from lab.net.node_dataplane import NodeDataplane, node_dataplane, sh
 from lab.net.topology import Cluster, Node
@@ -224,6 +226,29 @@ def test_sysctls_are_set_and_reported(lab_cluster: Cluster, tmp_path: Path) -> N
             "net/ipv4/conf/all/arp_announce": "2",
         }
         assert ndp.run(lambda dp: dp.reconcile()).sysctls_set == []
+
+
+def test_ipv6_forwarding_off_is_reported_and_left_alone(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Serving IPv6, the node's real net.ipv6.conf.all.forwarding is read, reported when off
+    and never written (turning it on would turn off router advertisements)."""
+    n3 = lab_cluster.node("node-3")
+    path = "/proc/sys/net/ipv6/conf/all/forwarding"
+    sh(lab_cluster, n3.netns, f"echo 0 > {path}")
+    try:
+        both = PlanConfig(families=(4, 6))
+        with node_dataplane(lab_cluster, n3, tmp_path / "s.json", plan_config=both) as ndp:
+            ndp.backends.serve_families((4, 6))
+            result = ndp.run(lambda dp: dp.sync())
+            assert [e for e in result.errors if "forwarding" in e] == [
+                not_as_expected("net/ipv6/conf/all/forwarding", "0", "1")
+            ], result.errors
+            assert sh(lab_cluster, n3.netns, f"cat {path}").strip() == "0"
+            assert ndp.run(lambda dp: dp.sysctls())["net/ipv6/conf/all/forwarding"] == "0"
+            assert ndp.run(lambda dp: dp.reconcile()).errors == []
+    finally:
+        sh(lab_cluster, n3.netns, f"echo 1 > {path}")
 
 
 def test_reconcile_repairs_drift_of_every_kind(lab_cluster: Cluster, tmp_path: Path) -> None:

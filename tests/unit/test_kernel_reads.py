@@ -158,3 +158,37 @@ def test_a_failed_service_not_tried_for_an_unread_part_is_not_due_at_once_again(
         assert list(dp.failed) == ["default/bad"]
         next_retry = dp.next_retry()
         assert next_retry is not None and next_retry > now[0], (next_retry, now[0])
+
+
+def test_ipv6_forwarding_off_is_reported_once_and_never_written(tmp_path: Path) -> None:
+    """Serving IPv6, ``net.ipv6.conf.all.forwarding`` is read, never written: turning it on
+    turns off router advertisements on every interface with accept_ra 1 (the node could lose
+    its IPv6 default route), and upstream leaves it alone. Off, the pods' IPv6 replies cannot
+    cross the node: that is reported once, as an unwritable sysctl is."""
+    from ipvsproxy.core.plan import PlanConfig
+    from tests.unit.fake_node import node
+
+    h = node(tmp_path, plan_config=PlanConfig(families=(4, 6)))
+    h.kernel.sysctls.values["net/ipv6/conf/all/forwarding"] = "0"
+    _update(h.dp, "good", _good())
+    result = h.dp.sync()
+    assert [e for e in result.errors if "forwarding" in e] == [
+        "sysctl net/ipv6/conf/all/forwarding is 0, not 1: IPv6 Services' replies from pods "
+        "are not forwarded (ipvsproxy does not set it: turning IPv6 forwarding on turns off "
+        "router advertisements on the node's interfaces)"
+    ]
+    assert h.kernel.sysctls.values["net/ipv6/conf/all/forwarding"] == "0"
+    assert "net/ipv6/conf/all/forwarding" in h.dp.sysctl_failures
+    assert h.dp.sysctls()["net/ipv6/conf/all/forwarding"] == "0"
+    _programmed(h.dp, "default/good")
+    assert [e for e in h.dp.reconcile().errors if "forwarding" in e] == []  # reported once
+
+
+def test_ipv6_forwarding_is_not_read_where_ipv6_is_not_served(tmp_path: Path) -> None:
+    from tests.unit.fake_node import node
+
+    h = node(tmp_path)
+    del h.kernel.sysctls.values["net/ipv6/conf/all/forwarding"]  # IPv6 disabled at boot
+    _update(h.dp, "good", _good())
+    assert h.dp.sync().errors == []
+    assert "net/ipv6/conf/all/forwarding" not in h.dp.sysctls()

@@ -17,6 +17,7 @@ FRESH_NODE = {
     "net/ipv4/ip_forward": "0",
     "net/ipv4/conf/all/arp_ignore": "0",
     "net/ipv4/conf/all/arp_announce": "0",
+    "net/ipv6/conf/all/forwarding": "1",  # as a Kubernetes node has it (kubeadm checks it)
     "net/netfilter/nf_conntrack_max": "65536",
     "net/netfilter/nf_conntrack_tcp_timeout_established": "432000",
     "net/netfilter/nf_conntrack_tcp_timeout_close_wait": "60",
