@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import chart, host, peers_report
+from bench import chart, dual_stack, host, peers_report
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench-results"
@@ -95,6 +95,8 @@ def kernel_rows(k: dict[str, Any]) -> list[str]:
                 f"| {m['services']:,} x {m['endpoints']} | {m['peak_rss_mib_first_sync']:.0f} MiB"
                 f" | {m['peak_rss_mib']:.0f} MiB | {m['first_sync_s']:.1f} s |"
             )
+    if k.get("dual_stack"):
+        rows += ["", *dual_stack.rows(k["dual_stack"])]
     return rows
 
 
@@ -192,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", default="5000x10", help="kernel one-change and restart size")
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--memory", default="5000x10,10000x10", help="peak RSS sizes")
+    p.add_argument("--dual-stack", default="5000x10", help="dual-stack's cost size ('': none)")
     p.add_argument("--peers", default="1000x10,5000x10", help="side-by-side sizes")
     p.add_argument("--peer-runs", type=int, default=3)
     p.add_argument("--peer-changes", type=int, default=20, help="changes of each kind per run")
@@ -223,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.host_only:
         print(f"bench: kernel benchmark ({args.sizes}; {args.scale})", flush=True)
         bench_args = ["--sizes", args.sizes, "--scale", args.scale, "--pairs", str(args.pairs)]
-        bench_args += ["--memory", args.memory]
+        bench_args += ["--memory", args.memory, "--dual-stack", args.dual_stack]
         k = run_kernel(bench_args, RESULTS / f"kernel-{stamp}.json")
     text = report(h, k, peer_result)
     (RESULTS / f"bench-{stamp}.md").write_text(text)

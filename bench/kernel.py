@@ -40,6 +40,7 @@ from lab.net.topology import Node
 
 NS = "bench-node"
 NODE_IP = "192.168.56.11"
+NODE_IP6 = "fc00:f853:ccd:e793::b"  # the lab's underlay, as node-1's (bench.dual_stack)
 Cluster = list[tuple[str, dict[str, Any], list[dict[str, Any]]]]
 
 
@@ -59,7 +60,8 @@ def make_node() -> None:
     subprocess.run(["ip", "netns", "add", NS], check=True)
     sh(
         "ip link set lo up && ip link add eth0 type dummy && "
-        f"ip addr add {NODE_IP}/24 dev eth0 && ip link set eth0 up"
+        f"ip addr add {NODE_IP}/24 dev eth0 && ip addr add {NODE_IP6}/64 dev eth0 nodad && "
+        "ip link set eth0 up && sysctl -qw net.ipv6.conf.all.forwarding=1"
     )
 
 
@@ -82,6 +84,7 @@ NODE = Node(
     ip=NODE_IP,
     pod_cidr="10.244.1.0/24",
     gateway=NODE_IP,
+    ip6=NODE_IP6,
     pods=(),
 )
 
@@ -395,6 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--profile", metavar="SxE", help="only profile one ipvsproxy cold sync of this size"
     )
     p.add_argument("--scaling", metavar="SxE,...", help="only the scaling run, at these sizes")
+    p.add_argument(
+        "--dual-stack", default="5000x10", metavar="SxE", help="dual-stack's cost ('': none)"
+    )
+    p.add_argument("--dual-stack-only", action="store_true", help="only dual-stack's cost")
     args = p.parse_args(argv)
     if not os.environ.get("LAB_IN_GUEST"):
         print("bench.kernel runs inside the lab guest: python -m lab run -- ...", file=sys.stderr)
@@ -409,12 +416,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for size in args.scaling.split(","):
                 s, e = (int(x) for x in size.split("x"))
                 points.append(scaling_point(s, e, work))
-            text = json.dumps({"scaling": points}, indent=2)
-            if args.output:
-                args.output.write_text(text)
-            else:
-                print(text)
-            return 0
+            return _write({"scaling": points}, args.output)
+        if args.dual_stack_only:
+            return _write({"dual_stack": dual_stack_cost(args.dual_stack, work)}, args.output)
         results: dict[str, Any] = {"cold": [], "scale": None}
         for size in filter(None, args.sizes.split(",")):
             s, e = (int(x) for x in size.split("x"))
@@ -431,10 +435,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{m['first_sync_s']:.1f} s"
             )
             results["memory"].append(m)
+        if args.dual_stack:
+            results["dual_stack"] = dual_stack_cost(args.dual_stack, work)
         wipe()
+    return _write(results, args.output)
+
+
+def dual_stack_cost(size: str, workdir: Path) -> dict[str, Any]:
+    from bench import dual_stack  # (it imports this module)
+
+    s, e = (int(x) for x in size.split("x"))
+    return dual_stack.measure(s, e, workdir)
+
+
+def _write(results: dict[str, Any], output: Path | None) -> int:
     text = json.dumps(results, indent=2)
-    if args.output:
-        args.output.write_text(text)
+    if output:
+        output.write_text(text)
     else:
         print(text)
     return 0

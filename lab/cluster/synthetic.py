@@ -36,6 +36,9 @@ three nodes, node-1's share of 10,000 x 10 was 66,316 members: the kernel refuse
 so no proxy could program that cluster on that node. With ten it is about 20,000 (a real
 cluster of 10,000 Services has hundreds of nodes, each with far fewer).
 
+``dual_stack(entry)`` makes any Service of these dual-stack, with an IPv6 slice beside each
+IPv4 one (the same pods at ``pod_ip6``), for the benchmark of dual-stack's cost.
+
 Changes for the one-change measurements return new slice lists and leave their input alone:
 ``with_endpoint_added``, ``with_endpoint_removed``, ``with_endpoint_not_ready``; and
 ``new_service(cluster)`` is the Service that would come next.
@@ -234,6 +237,49 @@ def new_service(cluster: list[ServiceEntry], seed: int = 0) -> ServiceEntry:
     if cluster:
         endpoints = sum(len(sl.get("endpoints") or []) for sl in cluster[0][2])
     return service_at(len(cluster), endpoints, seed)
+
+
+CLUSTER_IP6_BASE = int(ipaddress.IPv6Address("fd00:10:96::10"))  # in kind's fd00:10:96::/112
+LB6_BASE = int(ipaddress.IPv6Address("fd00:172:16::1"))
+
+
+def pod_ip6(ip: str) -> str:
+    """The IPv6 address of the pod whose IPv4 one is ``ip``: 10.244.S.H -> fd00:10:244:S::H
+    (the lab's pod CIDRs, fd00:10:244:N::/64 beside 10.244.N.0/24)."""
+    _, _, subnet, host = ip.split(".")
+    return str(ipaddress.IPv6Address(f"fd00:10:244:{int(subnet):x}::{int(host):x}"))
+
+
+def _slice6(sl: dict[str, Any]) -> dict[str, Any]:
+    """The IPv6 slice the EndpointSlice controller writes beside IPv4 slice ``sl``."""
+    out = copy.deepcopy(sl)
+    meta = out["metadata"]
+    meta["name"] = meta["name"] + "-v6"
+    meta["uid"] = _uid("slice6", meta["uid"])
+    out["addressType"] = "IPv6"
+    for ep in out.get("endpoints") or []:
+        ep["addresses"] = [pod_ip6(a) for a in ep["addresses"]]
+    return out
+
+
+def dual_stack(entry: ServiceEntry) -> ServiceEntry:
+    """Synthetic Service ``entry`` as a dual-stack one (RequireDualStack, IPv4 first): an IPv6
+    cluster IP (fd00:10:96::10 + its index), an IPv6 load-balancer ingress beside the IPv4 one,
+    and beside each IPv4 slice an IPv6 one with the same pods (``pod_ip6``). Changes made with
+    ``with_endpoint_*`` to the IPv4 slices carry over: apply them first, then this."""
+    key, svc, slices = entry
+    svc = copy.deepcopy(svc)
+    spec = svc["spec"]
+    index = int(ipaddress.IPv4Address(spec["clusterIP"])) - CLUSTER_IP_BASE
+    spec["clusterIPs"] = [spec["clusterIP"], str(ipaddress.IPv6Address(CLUSTER_IP6_BASE + index))]
+    spec["ipFamilies"] = ["IPv4", "IPv6"]
+    spec["ipFamilyPolicy"] = "RequireDualStack"
+    lb = load_balancer_ordinal(index)
+    if lb is not None:
+        ingress = svc["status"]["loadBalancer"]["ingress"]
+        ingress.append({"ip": str(ipaddress.IPv6Address(LB6_BASE + lb)), "ipMode": "VIP"})
+    v4 = [sl for sl in slices if sl.get("addressType") == "IPv4"]
+    return key, svc, [*v4, *(_slice6(sl) for sl in v4)]
 
 
 def _changed(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:

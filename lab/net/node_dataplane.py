@@ -26,19 +26,23 @@ class NodeDataplane:
         self.node = node
         self.state = state
         self.kwargs = kwargs
+        plan_config: PlanConfig = kwargs.get("plan_config", PlanConfig())
+        ip6 = node.ip6 if 6 in plan_config.families else ""  # IPv6 served: the node's too
         with netns.entered(node.netns):
             self.backends = Backends.open()
+            self.backends.serve_families(plan_config.families)
             facts = NodeFacts(
                 name=node.name,
-                node_ips=(node.ip,),
-                local_addresses=frozenset({node.ip, node.gateway}),
+                node_ips=tuple(filter(None, (node.ip, ip6))),
+                local_addresses=frozenset(filter(None, (node.ip, node.gateway, ip6))),
                 primary_ip=node.ip,
+                primary_ip6=ip6 or None,
             )
             self.dp = Dataplane(
                 facts,
                 self.backends,
                 state,
-                plan_config=kwargs.get("plan_config", PlanConfig()),
+                plan_config=plan_config,
                 rules_config=kwargs.get("rules_config", RulesConfig(cluster_cidr=CLUSTER_CIDR)),
                 exclude_cidrs=kwargs.get("exclude_cidrs", ()),
                 strict_arp=kwargs.get("strict_arp", False),

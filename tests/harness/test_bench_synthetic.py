@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from lab.cluster import synthetic
 
 CLUSTER_NET = ipaddress.ip_network("10.96.0.0/12")
 POD_NET = ipaddress.ip_network("10.244.0.0/16")
+POD_NET6 = ipaddress.ip_network("fd00:10:244::/48")
 
 
 def node_ports(entries: list[synthetic.ServiceEntry]) -> list[int]:
@@ -104,6 +106,32 @@ def test_the_objects_are_what_the_planner_reads() -> None:
         plan = plan_service(svc, slices, host.NODE, PlanConfig())
         assert plan.error is None and plan.virtual_servers
         assert all(len(rs) == 4 for rs in plan.real_servers.values())
+
+
+def test_dual_stack_services_double_what_the_planner_programs() -> None:
+    """``dual_stack``: every virtual server has its IPv6 twin (cluster IP, NodePort on the
+    node's IPv6 address, load-balancer VIP) with the same pods at their IPv6 addresses, and
+    endpoint changes made to the IPv4 slices carry over."""
+    node = replace(host.NODE, node_ips=(host.NODE_IP, "fc00::b"), primary_ip6="fc00::b")
+    both = PlanConfig(families=(4, 6))
+    for entry in synthetic.cluster(60, 4):
+        key, svc, slices = synthetic.dual_stack(entry)
+        assert [sl["addressType"] for sl in slices] == ["IPv4", "IPv6"]
+        v4 = plan_service(entry[1], entry[2], node, both)
+        plan = plan_service(svc, slices, node, both)
+        assert plan.error is None and len(plan.virtual_servers) == 2 * len(v4.virtual_servers)
+        six = [vs for vs in plan.real_servers if ":" in vs.address]
+        assert len(six) == len(v4.virtual_servers)
+        for vs in six:
+            reals = plan.real_servers[vs]
+            assert len(reals) == 4
+            assert all(ipaddress.ip_address(r.address) in POD_NET6 for r in reals)
+    key, svc, slices = synthetic.cluster(30, 5)[7]
+    added = synthetic.dual_stack((key, svc, synthetic.with_endpoint_added(slices)))[2]
+    assert [len(sl["endpoints"]) for sl in added] == [6, 6]
+    assert added[1]["endpoints"][-1]["addresses"] == [
+        synthetic.pod_ip6(added[0]["endpoints"][-1]["addresses"][0])
+    ]
 
 
 def test_the_cluster_is_the_same_for_the_same_seed() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import kernel, memory
+from bench import dual_stack, kernel, memory
 
 pytestmark = pytest.mark.kernel
 
@@ -52,3 +52,19 @@ def test_the_memory_benchmark_runs_at_a_smoke_size(tmp_path: Path) -> None:
     assert 10 < m["peak_rss_mib_first_sync"] <= m["peak_rss_mib"]
     assert m["first_sync_s"] > 0
     kernel.wipe()
+
+
+def test_the_dual_stack_benchmark_runs_at_a_smoke_size(tmp_path: Path) -> None:
+    """Dual-stack Services program twice the virtual and real servers of their IPv4 halves
+    (``measure`` also checks that a full resync after each change writes nothing); serving
+    IPv6 without IPv6 Services changes no virtual server."""
+    kernel.make_node()
+    d = dual_stack.measure(20, 2, tmp_path, pairs=1, repeats=1)
+    v4, on_dual, ds = d["ipv4"], d["ipv4-on-dual"], d["dual-stack"]
+    assert v4["virtual_servers"] == on_dual["virtual_servers"] > 20
+    assert ds["virtual_servers"] == 2 * v4["virtual_servers"]
+    assert ds["real_servers"] == 2 * v4["real_servers"]
+    assert on_dual["writes"] > v4["writes"]  # the KUBE-6 sets and IPv6 rules
+    assert v4["change"]["writes"] >= 1 and ds["change"]["writes"] == 2 * v4["change"]["writes"]
+    assert len(dual_stack.rows(d)) == 5
+    assert kernel.sh("ipvsadm -Sn") == ""

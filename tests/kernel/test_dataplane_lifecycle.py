@@ -239,7 +239,6 @@ def test_ipv6_forwarding_off_is_reported_and_left_alone(
     try:
         both = PlanConfig(families=(4, 6))
         with node_dataplane(lab_cluster, n3, tmp_path / "s.json", plan_config=both) as ndp:
-            ndp.backends.serve_families((4, 6))
             result = ndp.run(lambda dp: dp.sync())
             assert [e for e in result.errors if "forwarding" in e] == [
                 not_as_expected("net/ipv6/conf/all/forwarding", "0", "1")
