@@ -305,7 +305,8 @@ SETTINGS = (
             "this node's primary IP as kube-proxy understands it (default 0.0.0.0)", "IP"),
     Setting("healthz_bind_address", ("healthzBindAddress",), ("--healthz-bind-address",),
             _host_port(HEALTHZ_PORT),
-            f"IP:port of the health server (default 0.0.0.0:{HEALTHZ_PORT}; empty disables)",
+            f"IP:port of the health server (default 0.0.0.0:{HEALTHZ_PORT}; 0.0.0.0 or :: "
+            "listens on both families, as upstream's; empty disables)",
             "IP:PORT"),
     Setting("metrics_bind_address", ("metricsBindAddress",), ("--metrics-bind-address",),
             _host_port(METRICS_PORT),

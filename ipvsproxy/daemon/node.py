@@ -119,7 +119,7 @@ class NodeTracker:
                 self.last_seen = new
             changed, zone = (self.ip(), self.ip6()) != before, zone_of(self.last_seen)
         if changed:
-            log.info("node IP is now %s", " and ".join(filter(None, (self.ip(), self.ip6()))))
+            log.info("node IP is now %s", self.ips_text())
             self.changes.mark_where(uses_node_addresses)
         if zone != zone_before:
             log.info("node zone (label %s) is now %r", ZONE_LABEL, zone)
@@ -134,6 +134,13 @@ class NodeTracker:
         if 6 not in self.dp.plan_config.families:
             return None
         return node_ip(self.cfg.bind_address, self.last_seen, 6)
+
+    def ips_text(self) -> str:
+        """The node IPs as the logs name them: those bindAddress or the Node gives, IPv4 first;
+        upstream's 127.0.0.1 only when neither gives one (an IPv6-only node's node IP is its
+        IPv6 one: its IPv4 fallback is no node IP to name)."""
+        given = (node_ip(self.cfg.bind_address, self.last_seen), self.ip6())
+        return " and ".join(ip for ip in given if ip) or FALLBACK_NODE_IP
 
     def wait(self, informer: Informer | None, pod_cidr_timeout: float = POD_CIDR_WAIT) -> bool:
         """Until the Node ``informer``'s first list is done, so the first sync uses the Node's
@@ -220,7 +227,7 @@ class NodeTracker:
             return
         log.info(
             "node addresses: node IP %s, NodePorts on %s",
-            facts.primary_ip,
+            self.ips_text(),
             ", ".join(facts.node_ips) or "no address",
         )
         self.dp.node = facts

@@ -219,7 +219,7 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
     threading.Thread(
         target=proxy.node.watch_addresses, args=(events,), name="addresses", daemon=True
     ).start()
-    log.info("ipvsproxy on node %s, node IP %s", node_name, proxy.node.ip())
+    log.info("ipvsproxy on node %s, node IP %s", node_name, proxy.node.ips_text())
     proxy.run()
     backends.close()
     events.close()

@@ -87,9 +87,26 @@ class _Conn:
     busy: bool = False  # a worker is answering it
 
 
-def _bind(host: str, port: int) -> socket.socket:
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def _socket(host: str) -> tuple[socket.socket, str]:
+    """A TCP socket for ``host`` and the address to bind. A wildcard takes both families, as
+    upstream's Go listeners do (net.Listen "tcp" on 0.0.0.0 or ::): one IPv6 socket with
+    IPV6_V6ONLY off, or an IPv4 one where the kernel has no IPv6."""
+    if host in WILDCARDS:
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        except OSError:  # a kernel without IPv6
+            return socket.socket(socket.AF_INET, socket.SOCK_STREAM), "0.0.0.0"
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        return sock, "::"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    return socket.socket(family, socket.SOCK_STREAM), host
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock, host = _socket(host)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

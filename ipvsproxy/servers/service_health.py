@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ipvsproxy.servers.httpserver import HTTPServer, Response
 
 log = logging.getLogger("ipvsproxy.servers.service_health")
+# Both families (a wildcard does): upstream's IPv4 and IPv6 proxiers listen on 0.0.0.0 and ::.
 EVERY_ADDRESS = ("0.0.0.0",)
 
 

@@ -2,11 +2,13 @@
 kube-controller-manager (its EndpointSlice and EndpointSlice-mirroring controllers), built from
 their Go modules by ``lab.cluster.upstream``.
 
-kube-apiserver listens on ``host:port`` with RBAC on (``Node,RBAC``), a dual-stack Service
-range (kubeadm's 10.96.0.0/12, primary, and kind's fd00:10:96::/112: a Service is IPv4 unless
-its ``ipFamilyPolicy``/``ipFamilies`` ask for IPv6), the NodePort range (30000-32767), its own
-self-signed serving certificate (the kubeconfig trusts exactly that), and a static token for
-the admin (group system:masters).
+kube-apiserver listens on ``host:port`` (an IPv4 or IPv6 address: the kubeconfigs name it
+``https://[addr]:port``, its self-signed certificate carries it) with RBAC on (``Node,RBAC``), a
+dual-stack Service range (kubeadm's 10.96.0.0/12, primary, and kind's fd00:10:96::/112: a Service
+is IPv4 unless its ``ipFamilyPolicy``/``ipFamilies`` ask for IPv6; ``service_cidrs=SERVICE_CIDR6``
+makes an IPv6-only cluster, whose Services are IPv6 unless they ask otherwise), the NodePort range
+(30000-32767), its own self-signed serving certificate (the kubeconfig trusts exactly that), and a
+static token for the admin (group system:masters).
 :meth:`ControlPlane.service_account_kubeconfig` issues a token for a ServiceAccount through the
 TokenRequest API, so a client can act as that account and nothing more.
 
@@ -60,10 +62,12 @@ class ControlPlane:
         host: str = "127.0.0.1",
         port: int = 6443,
         etcd_ports: tuple[int, int] = ETCD_PORTS,
+        service_cidrs: str = SERVICE_CIDRS,
     ) -> None:
         self.workdir = workdir
         self.host = host
         self.port = port
+        self.service_cidrs = service_cidrs  # the primary range first
         self.etcd_client = f"http://127.0.0.1:{etcd_ports[0]}"
         self.etcd_peer = f"http://127.0.0.1:{etcd_ports[1]}"
         self.kubeconfig = workdir / "kubeconfig"
@@ -77,7 +81,8 @@ class ControlPlane:
 
     @property
     def url(self) -> str:
-        return f"https://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"https://{host}:{self.port}"
 
     @property
     def ca_file(self) -> Path:
@@ -163,7 +168,7 @@ class ControlPlane:
                 "--authorization-mode=Node,RBAC",
                 # no token controller runs: ServiceAccount tokens come from TokenRequest
                 "--disable-admission-plugins=ServiceAccount",
-                f"--service-cluster-ip-range={SERVICE_CIDRS}",
+                f"--service-cluster-ip-range={self.service_cidrs}",
                 f"--service-node-port-range={NODE_PORT_RANGE}",
                 # no kubernetes.default endpoints pointing at a loopback address
                 "--endpoint-reconciler-type=none",
@@ -182,7 +187,7 @@ class ControlPlane:
                 "--controllers=endpointslice-controller,endpointslice-mirroring-controller",
                 "--leader-elect=false",
                 # only node IPAM reads it; given so the two never disagree about the cluster
-                f"--service-cluster-ip-range={SERVICE_CIDRS}",
+                f"--service-cluster-ip-range={self.service_cidrs}",
                 "--secure-port=0",
                 "--v=1",
             ],

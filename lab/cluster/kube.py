@@ -14,6 +14,11 @@ On top of a :class:`lab.net.topology.Cluster` (node and pod namespaces, echo ser
   kube-proxy's flags, one state file per node. ``fault=`` starts the daemons through
   ``lab/faults.py`` instead, with a deliberately broken dataplane.
 
+On an IPv6-only topology (``Cluster.build(ipv4=False)``) the cluster is IPv6-only too: the API
+server on [fc00:f853:ccd:e793::1]:6443 with only the IPv6 Service range (a Service is IPv6 unless
+it asks otherwise), Nodes and Pods with IPv6 addresses only, and ``--cluster-cidr``
+fd00:10:244::/48 alone.
+
 Inside the lab guest only (it needs IPVS and the topology).
 """
 
@@ -29,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from lab.cluster.controlplane import ControlPlane
+from lab.cluster.controlplane import SERVICE_CIDR6, SERVICE_CIDRS, ControlPlane
 from lab.cluster.kubelet import MERGE_PATCH, LabKubelets, LabPod
 from lab.net import netns
 from lab.net.topology import Cluster, Node
@@ -38,6 +43,7 @@ APISERVER_PORT = 6443
 HEALTHZ_PORT = 10256
 METRICS_ADDRESS = "127.0.0.1:10249"
 CLUSTER_CIDR = "10.244.0.0/16,fd00:10:244::/48"  # dual-stack: the pods of both families
+CLUSTER_CIDR6 = "fd00:10:244::/48"  # an IPv6-only cluster's
 POD_ECHO_PORT = 8080
 REPO = Path(__file__).resolve().parents[2]
 SERVICE_ACCOUNT = ("kube-system", "ipvsproxy")  # deploy/serviceaccount.yaml
@@ -129,7 +135,7 @@ class Daemons:
                     "--hostname-override",
                     node.name,
                     "--cluster-cidr",
-                    CLUSTER_CIDR,
+                    CLUSTER_CIDR if cluster.ipv4 else CLUSTER_CIDR6,
                     "--state-file",
                     str(self.state_file(node)),
                     "--ipvs-sync-period",
@@ -214,7 +220,10 @@ class LabKube:
         self.pod_cidrs = pod_cidrs
         self.register_nodes = register_nodes
         self.controlplane = ControlPlane(
-            workdir / "controlplane", host=cluster.apiserver_ip, port=APISERVER_PORT
+            workdir / "controlplane",
+            host=cluster.apiserver_ip,
+            port=APISERVER_PORT,
+            service_cidrs=SERVICE_CIDRS if cluster.ipv4 else SERVICE_CIDR6,
         )
         self.kubeconfig = self.controlplane.kubeconfig  # the admin's
         self.daemon_kubeconfig = workdir / "ipvsproxy.kubeconfig"

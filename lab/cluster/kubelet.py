@@ -2,9 +2,10 @@
 Pod objects for the lab pods, so the real EndpointSlice controller writes the slices.
 
 A Node carries its InternalIP, one of each family when it has an IPv6 one too (IPv4 first, as
-a dual-stack kubelet with ``--node-ip=v4,v6`` reports them), and the lab's pod CIDRs; a Pod is
-created on its node (``spec.nodeName``), then its status (phase Running, ``podIP``/``podIPs``,
-IPv4 first, and the Ready condition) goes through the status subresource, as a kubelet's status
+a dual-stack kubelet with ``--node-ip=v4,v6`` reports them; only the IPv6 one on an IPv6-only
+node), and the lab's pod CIDRs; a Pod is created on its node (``spec.nodeName``), then its
+status (phase Running, ``podIP``/``podIPs``, IPv4 first, only IPv6 for a pod without an IPv4
+address, and the Ready condition) goes through the status subresource, as a kubelet's status
 manager does. The EndpointSlice controller writes an IPv6 slice for a Service of family IPv6
 from the pods' IPv6 ``podIPs``. Readiness
 flips go the same way; deleting a pod with a grace period leaves it terminating (no kubelet
@@ -46,7 +47,7 @@ class LabPod:
     name: str
     namespace: str
     node: str
-    ip: str
+    ip: str  # its IPv4 address; "" for an IPv6-only pod (``ip6`` then)
     labels: dict[str, str] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)  # named container ports
     ready: bool = True
@@ -57,8 +58,8 @@ class LabPod:
 
     @property
     def ips(self) -> list[str]:
-        """``status.podIPs`` in order: the IPv4 address, then the IPv6 one if any."""
-        return [self.ip, self.ip6] if self.ip6 else [self.ip]
+        """``status.podIPs`` in order: the IPv4 address, then the IPv6 one, those it has."""
+        return [ip for ip in (self.ip, self.ip6) if ip]
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any], ip: str, ip6: str | None = None) -> LabPod:
@@ -130,7 +131,7 @@ def pod_status(pod: LabPod) -> dict[str, Any]:
     return {
         "status": {
             "phase": "Running",
-            "podIP": pod.ip,
+            "podIP": pod.ips[0],
             "podIPs": [{"ip": ip} for ip in pod.ips],
             "conditions": [
                 {"type": "Initialized", "status": "True"},

@@ -1,4 +1,5 @@
-"""A multi-node cluster built from network namespaces inside the lab guest, dual-stack.
+"""A multi-node cluster built from network namespaces inside the lab guest, dual-stack (or
+IPv6-only: ``Cluster.build(ipv4=False)``).
 
     guest root namespace: bridge lab0 (the underlay, 192.168.56.1/24 and
                           fc00:f853:ccd:e793::1/64; the API server lives here)
@@ -23,6 +24,11 @@ pods (``FORWARD_RULES``, ``FORWARD_RULES6``); everything else a node forwards, s
 replies to a client outside the pod network whose connection a Service's virtual server took to
 a pod unmasqueraded, passes only by kube-proxy's own KUBE-FORWARD rules. Each namespace gets its
 commands in one ``ip -batch`` process: forks are the expensive thing in this kernel.
+
+An IPv6-only cluster is the same plan without its IPv4 half: no IPv4 address on any interface of
+the nodes, the pods, the external client or lab0 (``lo`` keeps 127.0.0.1, as on a real IPv6-only
+node), the IPv4 fields empty (``Node.ip``, ``pod_cidr``, ``gateway``, ``Pod.ip``, ``Host.ip``), and
+the API server on the root namespace's IPv6 address.
 """
 
 from __future__ import annotations
@@ -134,6 +140,7 @@ class Cluster:
     external: Host
     apiserver_ip: str = str(ROOT_IP)
     root_ip6: str = str(ROOT_IP6)  # the guest root namespace's address on lab0
+    ipv4: bool = True  # False: an IPv6-only cluster (no IPv4 address but 127.0.0.1 on lo)
     _echo: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
 
     @property
@@ -184,10 +191,7 @@ class Cluster:
         no IPVS trash list); the underlay bridge and its address stay, and with them any
         socket bound there, such as the API server's."""
         self._delete_namespaces()
-        veths = [f"vn{n.index}" for n in self.nodes] + ["vext"]
-        # A deleted namespace is torn down in the background (minutes with large IPVS tables
-        # in this kernel): its veths' root ends go with it, and their names are taken until then.
-        wait_until(lambda: not any(_link_exists(v) for v in veths), timeout=900, interval=1.0)
+        _wait_for_root_veths(self)
         _create(self, underlay=False)
 
     def _delete_namespaces(self) -> None:
@@ -199,15 +203,20 @@ class Cluster:
         _batch(None, [f"netns delete {ns}" for ns in names], check=False)
 
     @classmethod
-    def build(cls, nodes: int = 3, pods_per_node: int = 2) -> Cluster:
+    def build(cls, nodes: int = 3, pods_per_node: int = 2, ipv4: bool = True) -> Cluster:
+        """Plan and create the cluster: dual-stack, or IPv6-only without ``ipv4``."""
         if not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"nodes must be 1..{MAX_NODES}, got {nodes}")
         if not 0 <= pods_per_node <= MAX_PODS:
             raise ValueError(f"pods_per_node must be 0..{MAX_PODS}, got {pods_per_node}")
         cluster = cls(
-            nodes=tuple(_plan_node(i, pods_per_node) for i in range(1, nodes + 1)),
-            external=Host("external", "external", str(EXTERNAL_IP), str(EXTERNAL_IP6)),
+            nodes=tuple(_plan_node(i, pods_per_node, ipv4) for i in range(1, nodes + 1)),
+            external=Host("external", "external", _v4(ipv4, EXTERNAL_IP), str(EXTERNAL_IP6)),
+            apiserver_ip=str(ROOT_IP if ipv4 else ROOT_IP6),
+            ipv4=ipv4,
         )
+        # A cluster destroyed just before (one of the other family) may still hold the names.
+        _wait_for_root_veths(cluster)
         try:
             _create(cluster)
         except BaseException:
@@ -223,7 +232,12 @@ def _v6(network: ipaddress.IPv6Network, number: int) -> str:
     return str(network.network_address + int(str(number), 16))
 
 
-def _plan_node(index: int, pods: int) -> Node:
+def _v4(ipv4: bool, value: object) -> str:
+    """An IPv4 field of the plan: the value, or "" in an IPv6-only cluster."""
+    return str(value) if ipv4 else ""
+
+
+def _plan_node(index: int, pods: int, ipv4: bool = True) -> Node:
     name = f"node-{index}"
     cidr = ipaddress.IPv4Network(f"10.244.{index}.0/24")
     cidr6 = ipaddress.IPv6Network(f"fd00:10:244:{index}::/64")
@@ -233,7 +247,7 @@ def _plan_node(index: int, pods: int) -> Node:
             name=f"pod-{index}-{j}",
             node=name,
             netns=f"pod-{index}-{j}",
-            ip=str(hosts[9 + j]),
+            ip=_v4(ipv4, hosts[9 + j]),
             host_veth=f"vp{index}x{j}",
             ip6=_v6(cidr6, 10 + j),
         )
@@ -243,9 +257,9 @@ def _plan_node(index: int, pods: int) -> Node:
         name=name,
         index=index,
         netns=name,
-        ip=str(UNDERLAY.network_address + 10 + index),
-        pod_cidr=str(cidr),
-        gateway=str(hosts[0]),
+        ip=_v4(ipv4, UNDERLAY.network_address + 10 + index),
+        pod_cidr=_v4(ipv4, cidr),
+        gateway=_v4(ipv4, hosts[0]),
         pods=plan,
         ip6=_v6(UNDERLAY6, 10 + index),
         pod_cidr6=str(cidr6),
@@ -259,7 +273,7 @@ def _create(cluster: Cluster, underlay: bool = True) -> None:
     if underlay:
         root = [
             f"link add {UNDERLAY_BRIDGE} type bridge",
-            f"address add {ROOT_IP}/{prefix} dev {UNDERLAY_BRIDGE}",
+            *([f"address add {ROOT_IP}/{prefix} dev {UNDERLAY_BRIDGE}"] if cluster.ipv4 else []),
             f"address add {cluster.root_ip6}/{prefix6} dev {UNDERLAY_BRIDGE} nodad",
             f"link set {UNDERLAY_BRIDGE} up",
         ]
@@ -279,7 +293,9 @@ def _create(cluster: Cluster, underlay: bool = True) -> None:
             root.append(f"netns add {pod.netns}")
     _batch(None, root)
     for ns, ip, ip6, _ in hosts:
-        cmds = ["link set lo up", f"address add {ip}/{prefix} dev eth0"]
+        cmds = ["link set lo up"]
+        if ip:
+            cmds.append(f"address add {ip}/{prefix} dev eth0")
         if ip6:
             cmds.append(f"address add {ip6}/{prefix6} dev eth0 nodad")
         _batch(ns, [*cmds, "link set eth0 up"])
@@ -288,13 +304,16 @@ def _create(cluster: Cluster, underlay: bool = True) -> None:
 
 
 def _create_node(cluster: Cluster, node: Node) -> None:
-    cmds = ["link add cni0 type bridge", f"address add {node.gateway}/24 dev cni0"]
+    cmds = ["link add cni0 type bridge"]
+    if node.gateway:
+        cmds.append(f"address add {node.gateway}/24 dev cni0")
     if node.gateway6:
         cmds.append(f"address add {node.gateway6}/64 dev cni0 nodad")
     cmds.append("link set cni0 up")
     for other in cluster.nodes:
         if other is not node:
-            cmds.append(f"route add {other.pod_cidr} via {other.ip} dev eth0")
+            if other.pod_cidr and other.ip:
+                cmds.append(f"route add {other.pod_cidr} via {other.ip} dev eth0")
             if other.pod_cidr6 and other.ip6:
                 cmds.append(f"route add {other.pod_cidr6} via {other.ip6} dev eth0")
     for pod in node.pods:
@@ -319,17 +338,35 @@ def _create_node(cluster: Cluster, node: Node) -> None:
         if proc.returncode != 0:
             raise TopologyError(f"FORWARD rules ({tool}) in {node.netns}: {proc.stderr.strip()}")
     for pod in node.pods:
-        cmds = ["link set lo up", f"address add {pod.ip}/24 dev eth0"]
-        if pod.ip6:
-            cmds.append(f"address add {pod.ip6}/64 dev eth0 nodad")
-        cmds += ["link set eth0 up", f"route add default via {node.gateway}"]
-        if pod.ip6 and node.gateway6:
-            cmds.append(f"route add ::/0 via {node.gateway6}")
-        _batch(pod.netns, cmds)
+        _batch(pod.netns, _pod_commands(node, pod))
 
 
-def _link_exists(name: str) -> bool:
-    return run(["ip", "link", "show", "dev", name], check=False).returncode == 0
+def _pod_commands(node: Node, pod: Pod) -> list[str]:
+    """A pod's eth0: an address and a default route through cni0 of each family it has."""
+    cmds = ["link set lo up"]
+    if pod.ip:
+        cmds.append(f"address add {pod.ip}/24 dev eth0")
+    if pod.ip6:
+        cmds.append(f"address add {pod.ip6}/64 dev eth0 nodad")
+    cmds.append("link set eth0 up")
+    if pod.ip and node.gateway:
+        cmds.append(f"route add default via {node.gateway}")
+    if pod.ip6 and node.gateway6:
+        cmds.append(f"route add ::/0 via {node.gateway6}")
+    return cmds
+
+
+def _wait_for_root_veths(cluster: Cluster) -> None:
+    """Until no root end of the cluster's node and external veths exists: a deleted namespace
+    is torn down in the background (minutes with large IPVS tables in this kernel), its veths'
+    root ends go with it, and their names are taken until then."""
+    veths = {f"vn{n.index}" for n in cluster.nodes} | {"vext"}
+
+    def gone() -> bool:
+        links = run(["ip", "-o", "link", "show"]).stdout.splitlines()
+        return not veths & {line.split(": ")[1].split("@")[0] for line in links}
+
+    wait_until(gone, timeout=900, interval=1.0)
 
 
 def run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -266,15 +266,24 @@ class SkipGuard:
                 terminalreporter.write_line(f"SKIPPED is a failure here: {nodeid}")
 
 
+LAB_FAMILIES = ("dual-stack", "ipv6-only")
+
+
 @pytest.fixture(scope="session")
-def lab_cluster() -> Iterator[Any]:
+def lab_cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
     """Inside the guest: a 3-node cluster with 2 pods a node, echo servers on port 8080 in
-    every pod and on port 9090 in every node (hostNetwork)."""
+    every pod and on port 9090 in every node (hostNetwork). Dual-stack; a module that
+    parametrizes it indirectly with "ipv6-only" gets an IPv6-only one. pytest keeps one
+    instance of it at a time: the other family's is torn down first, and built again for the
+    next test that wants it."""
     from lab.net.topology import Cluster
 
     if not IN_GUEST:
         pytest.fail("lab_cluster is only available to @pytest.mark.kernel tests")
-    cluster = Cluster.build(nodes=3, pods_per_node=2)
+    family = getattr(request, "param", "dual-stack")
+    if family not in LAB_FAMILIES:
+        pytest.fail(f"lab_cluster: {family!r} is none of {', '.join(LAB_FAMILIES)}")
+    cluster = Cluster.build(nodes=3, pods_per_node=2, ipv4=family == "dual-stack")
     try:
         cluster.start_pod_echo(port=8080)
         cluster.start_echo(((n.name, n.netns) for n in cluster.nodes), port=9090)

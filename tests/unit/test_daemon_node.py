@@ -3,8 +3,11 @@ detectNodeIPs), and the Services re-planned when it changes."""
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 from typing import Any, cast
+
+import pytest
 
 from ipvsproxy.config import build
 from ipvsproxy.core import ipset_specs, ruleset
@@ -90,6 +93,40 @@ def test_no_node_ip_anywhere_is_upstreams_loopback() -> None:
     proxy.on_node("node-1", None, cast(Any, {"metadata": {"name": "node-1"}}))
     proxy._replan()
     assert proxy.node.ip() == "127.0.0.1" and dp.node.primary_ip == "127.0.0.1"
+
+
+def node_with(*internal: str) -> dict[str, Any]:
+    addresses = [{"type": "InternalIP", "address": a} for a in internal]
+    return {"metadata": {"name": "node-1"}, "status": {"addresses": addresses}}
+
+
+def test_an_ipv6_only_node_is_logged_with_its_ipv6_node_ip(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The IPv4 node IP of an IPv6-only node is upstream's 127.0.0.1 (its IPv4 rules use it),
+    but the node IP is its IPv6 one (upstream's primary family is the Node's first address's):
+    the logs name that one, and no 127.0.0.1, nor a warning."""
+    proxy, dp = proxy_with([])
+    dp.plan_config = PlanConfig(families=(4, 6))
+    dp.backends.addresses.addresses[1:] = [(2, "fc00::11"), (3, "fd00:10:244:1::1")]
+    backends = cast(Any, dp.backends)
+    dp.node = node_facts("node-1", backends, proxy.cfg, FALLBACK_NODE_IP, families=(4, 6))
+    with caplog.at_level(logging.INFO, logger="ipvsproxy"):
+        proxy.on_node("node-1", None, cast(Any, node_with("fc00::11")))
+        assert proxy.wait_for_node()
+        proxy._replan()
+    assert (proxy.node.ip(), proxy.node.ip6()) == (FALLBACK_NODE_IP, "fc00::11")
+    assert proxy.node.ips_text() == "fc00::11"
+    said = [r.getMessage() for r in caplog.records]
+    assert "node IP is now fc00::11" in said
+    assert "node addresses: node IP fc00::11, NodePorts on fc00::11, fd00:10:244:1::1" in said
+    assert not [m for m in said if "127.0.0.1" in m], said
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], said
+    # Dual-stack: both, IPv4 first; neither known: upstream's loopback.
+    proxy.on_node("node-1", None, cast(Any, node_with("fc00::11", "192.168.56.11")))
+    assert proxy.node.ips_text() == "192.168.56.11 and fc00::11"
+    proxy, _ = proxy_with([])
+    assert proxy.node.ips_text() == FALLBACK_NODE_IP
 
 
 class Notices:
