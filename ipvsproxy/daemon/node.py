@@ -170,13 +170,6 @@ class NodeTracker:
                 self.dp.node.name,
                 FALLBACK_NODE_IP,
             )
-        local = self.dp.node.local_addresses
-        if 6 in self.dp.plan_config.families and not any(":" in a for a in local):
-            log.warning(
-                "this node has no IPv6 address but link-local ones: IPv6 Services are served "
-                "on their cluster IPs, external IPs and load-balancer VIPs, their NodePorts on "
-                "no address until one is added"
-            )
         return True
 
     def _wait_pod_cidr(self, timeout: float) -> bool:
@@ -194,6 +187,29 @@ class NodeTracker:
         read again from the kernel when a notice said they changed or a sync period has passed
         since the last read (notices can be lost). When the facts changed, the Services that
         read them are marked. Called with the sync lock held, before the marks are taken."""
+        self._refresh_facts()
+        self._report_node_port_families()
+
+    def _report_node_port_families(self) -> None:
+        """A served family whose NodePorts no address of this node carries is logged when that
+        begins and ends, and named by /healthz while it lasts."""
+        missing = {
+            f"IPv{family}": f"no IPv{family} address of this node carries NodePorts (link-local "
+            "ones never do; nodePortAddresses may exclude the others): its Services are served "
+            "on their cluster IPs, external IPs and load-balancer VIPs, their NodePorts on no "
+            "address until one is added"
+            for family in self.dp.plan_config.families
+            if not self.dp.node.node_ips_of(family)
+        }
+        with self.health.lock:
+            before = dict(self.health.no_node_ports)
+            self.health.no_node_ports = missing
+        for name in sorted(missing.keys() - before.keys()):
+            log.info("%s", missing[name])
+        for name in sorted(before.keys() - missing.keys()):
+            log.info("%s NodePorts are on this node's addresses again", name)
+
+    def _refresh_facts(self) -> None:
         self._refresh_local_detector()
         ip = self.ip()
         with self._lock:

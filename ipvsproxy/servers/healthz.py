@@ -35,6 +35,9 @@ class HealthState:
     # IP families this node does not serve, and why (shown, never a failure: upstream runs
     # the families it can)
     unserved: dict[str, str] = field(default_factory=dict)
+    # Served IP families no address of this node carries NodePorts for, and why (shown, never
+    # a failure: their cluster IPs, external IPs and load-balancer VIPs are served)
+    no_node_ports: dict[str, str] = field(default_factory=dict)
 
     def queued(self, now: float | None = None) -> None:
         with self.lock:
@@ -62,6 +65,8 @@ class HealthState:
                 body["nodeEligible"] = self.node_eligible
             if self.unserved:
                 body["unservedIPFamilies"] = dict(self.unserved)
+            if self.no_node_ports:
+                body["noNodePortAddressIPFamilies"] = dict(self.no_node_ports)
         return (200 if healthy else 503), body
 
 

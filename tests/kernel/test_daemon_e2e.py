@@ -173,6 +173,8 @@ def test_health_taint_and_metrics_follow_the_daemon(lab_cluster: Cluster, kube: 
     assert "kubeproxy_sync_proxy_rules_last_timestamp_seconds" in metrics(n1)
     status, body = healthz(n1)
     assert status == 200 and "lastUpdated" in json.loads(body)
+    # A dual-stack node: both families served, both with NodePort addresses.
+    assert not {"unservedIPFamilies", "noNodePortAddressIPFamilies"} & json.loads(body).keys()
 
 
 BUILTIN = {"INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING"}

@@ -254,7 +254,10 @@ def test_the_health_server_answers_on_both_families_of_the_node(
                 code, body = health(node, host, path)
                 assert code == 200, (node.name, host, path, body)
                 assert "unservedIPFamilies" not in body, (node.name, body)
-        assert health(node, f"[{node.ip6}]")[1]["nodeEligible"] is True
+        body = health(node, f"[{node.ip6}]")[1]
+        assert body["nodeEligible"] is True
+        # IPv4 is served (the kernel has it), but no address of the node carries its NodePorts.
+        assert list(body["noNodePortAddressIPFamilies"]) == ["IPv4"], body
 
 
 def test_the_daemon_names_its_ipv6_node_ip_and_status_shows_ipv6_only(

@@ -258,3 +258,30 @@ def test_a_zone_label_change_replans_only_the_services_with_zone_hints() -> None
     other = {**NODE, "metadata": {"name": "node-1", "labels": {ZONE_LABEL: "zone-a", "x": "y"}}}
     proxy.on_node("node-1", cast(Any, zoned), cast(Any, other))
     assert not proxy.changes.dirty
+
+
+def test_a_family_without_a_node_port_address_is_named_by_healthz(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Serving IPv6 on a node with IPv4 addresses only (an IPv4 cluster on a kernel with
+    IPv6): IPv6 NodePorts have no address. That is logged once when it begins and once when it
+    ends, and /healthz names it meanwhile (still 200: the rest is served)."""
+    proxy, dp = proxy_with([])
+    dp.plan_config = PlanConfig(families=(4, 6))
+    with caplog.at_level(logging.INFO, logger="ipvsproxy"):
+        proxy._replan()
+        proxy._replan()
+        code, body = proxy.health.status(node_check=True)
+        assert code == 200
+        assert list(body["noNodePortAddressIPFamilies"]) == ["IPv6"]
+        assert body["noNodePortAddressIPFamilies"]["IPv6"].startswith(
+            "no IPv6 address of this node carries NodePorts"
+        )
+        dp.backends.addresses.addresses.append((2, "fc00::11"))
+        proxy.node.addresses_stale.set()
+        proxy._replan()
+        assert "noNodePortAddressIPFamilies" not in proxy.health.status(node_check=True)[1]
+    said = [r.getMessage() for r in caplog.records if "NodePorts" in r.getMessage()]
+    assert [m.split(" ", 2)[:2] for m in said if "carries" in m] == [["no", "IPv6"]]
+    assert "IPv6 NodePorts are on this node's addresses again" in said
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
