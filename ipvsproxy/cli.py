@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import platform
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,9 +22,15 @@ if TYPE_CHECKING:
 USAGE_ERROR = 2
 
 
-def _cmd_version(_args: argparse.Namespace) -> int:
-    print(f"ipvsproxy {__version__} (Python {platform.python_version()})")
+def _cmd_version(_args: argparse.Namespace | None = None) -> int:
+    """As `kube-proxy --version` prints `Kubernetes v1.37.2`."""
+    print(f"ipvsproxy v{__version__}")
     return 0
+
+
+def _wants_version(argv: Sequence[str]) -> bool:
+    """kube-proxy's `--version` (verflag): print and exit, whatever else is given."""
+    return any(a in ("--version", "--version=true") for a in argv)
 
 
 def _load(command: str, argv: Sequence[str]) -> ProxyConfigT | None:
@@ -117,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ipvsproxy",
         description="An incremental IPVS-mode kube-proxy.",
     )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands = {
         "run": (_not_parsed, "watch the API server and program this node's IPVS dataplane"),
@@ -140,6 +146,8 @@ def _not_parsed(_args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["run"], ["cleanup"], ["--version"]) and _wants_version(argv):
+        return _cmd_version()
     # run and cleanup take kube-proxy's flags (ipvsproxy/config/ parses them).
     if argv[:1] == ["run"]:
         return cmd_run(argv[1:])

@@ -13,10 +13,42 @@ from ipvsproxy import __version__, cli
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """As `kube-proxy --version` prints `Kubernetes v1.37.2`: one line, the name and v-version."""
     assert cli.main(["version"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith(f"ipvsproxy {__version__} ")
+    assert capsys.readouterr().out == f"ipvsproxy v{__version__}\n"
     assert __version__ != "0.0.0+unknown"  # the package is installed, metadata is found
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["run", "--version"], ["cleanup", "--version"]])
+def test_version_flag(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`--version` anywhere kube-proxy's flags are taken prints the version and exits 0, before
+    any configuration is read (kube-proxy's verflag does so too)."""
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out == f"ipvsproxy v{__version__}\n"
+
+
+def test_version_flag_after_other_flags_of_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--config", "/nonexistent.yaml", "--version"]) == 0
+    assert capsys.readouterr().out == f"ipvsproxy v{__version__}\n"
+
+
+def test_version_without_package_metadata_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source tree that was never installed has no metadata: the version says so."""
+    import importlib
+    import importlib.metadata
+
+    import ipvsproxy
+
+    def missing(_name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError("ipvsproxy")
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    try:
+        assert importlib.reload(ipvsproxy).__version__ == "0.0.0+unknown"
+    finally:
+        monkeypatch.undo()
+        importlib.reload(ipvsproxy)
+    assert ipvsproxy.__version__ == __version__
 
 
 def test_help_lists_every_subcommand() -> None:
