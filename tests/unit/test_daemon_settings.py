@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import logging
 import math
 import threading
 import time
@@ -14,7 +12,6 @@ from ipvsproxy.daemon.changes import TRIGGER_ANNOTATION, trigger_time
 from ipvsproxy.daemon.kernel_settings import conntrack_sysctls
 from ipvsproxy.daemon.node import rules_config
 from ipvsproxy.daemon.wiring import drain_seconds, set_oom_score_adj, start_server
-from ipvsproxy.process import logs
 
 
 def test_conntrack_settings_follow_upstream() -> None:
@@ -78,19 +75,6 @@ def test_local_detector_comes_from_the_configuration() -> None:
     assert rules_config(cfg).if_not_local() == "! -i cni0"
     cfg = build(None, ["--cluster-cidr", "10.244.0.0/16"])
     assert rules_config(cfg).if_not_local() == "! -s 10.244.0.0/16"
-
-
-def test_json_logs_are_one_object_per_line() -> None:
-    logs.setup("json", 0)
-    handler = logging.getLogger().handlers[0]
-    record = logging.LogRecord(
-        "ipvsproxy", logging.WARNING, __file__, 1, "service %s: bad", ("default/web",), None
-    )
-    line = handler.format(record)
-    body = json.loads(line)
-    assert body["level"] == "warning"
-    assert body["msg"] == "service default/web: bad"
-    assert body["ts"].endswith("Z") and "\n" not in line
 
 
 def test_programming_latency_starts_at_the_trigger_annotation() -> None:
