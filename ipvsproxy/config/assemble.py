@@ -4,6 +4,7 @@ flag that is given overriding the file, and checks what takes several settings; 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -184,13 +185,14 @@ def load(argv: Sequence[str]) -> ProxyConfig:
     """The configuration from the command line: reads the ``--config`` file, if any, then
     ``build``. The only function here that does I/O."""
     path = parse_flags(argv).config
-    data = None
-    if path:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"--config: {path} does not exist") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"--config: cannot read {path}: {exc}") from None
-        data = parse_config_text(text, path)
-    return build(data, argv)
+    if not path:
+        return build(None, argv)
+    try:
+        content = Path(path).read_bytes()
+        text = content.decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"--config: {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--config: cannot read {path}: {exc}") from None
+    cfg = build(parse_config_text(text, path), argv)
+    return dataclasses.replace(cfg, config_file=path, config_content=content)

@@ -70,3 +70,6 @@ class ProxyConfig:
     verbosity: int = 0
     # One line per field or flag ipvsproxy ignores, or reads otherwise than upstream.
     warnings: tuple[str, ...] = ()
+    # The --config file and the bytes read from it: the daemon exits when they change.
+    config_file: str | None = None
+    config_content: bytes | None = None

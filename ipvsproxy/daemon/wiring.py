@@ -17,6 +17,7 @@ from ipvsproxy.config import ProxyConfig
 from ipvsproxy.core.node_addresses import FALLBACK_NODE_IP, node_ip
 from ipvsproxy.core.plan import PlanConfig
 from ipvsproxy.core.service_ports import LABEL_SERVICE_NAME
+from ipvsproxy.daemon.config_watch import start_config_watch
 from ipvsproxy.daemon.kernel_settings import apply_kernel_settings
 from ipvsproxy.daemon.node import node_facts, rules_config
 from ipvsproxy.daemon.proxy import Proxy
@@ -214,6 +215,7 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    watch = start_config_watch(cfg, proxy.stop, proxy.request_stop)
     if not proxy.wait_for_node():
         return 1
     threading.Thread(
@@ -225,7 +227,7 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
     events.close()
     if lock is not None:
         lock.release()
-    return 0
+    return 1 if watch is not None and watch.reason else 0
 
 
 def serving_families() -> tuple[tuple[int, ...], dict[str, str]]:

@@ -356,7 +356,8 @@ def test_every_field_but_warnings_is_one_setting() -> None:
     keys = [s.key for s in SETTINGS]
     assert len(keys) == len(set(keys))
     fields = {f.name for f in dataclasses.fields(ProxyConfig)}
-    derived = {"warnings", "cluster_cidr6"}  # cluster_cidr6: clusterCIDR's IPv6 half
+    # cluster_cidr6: clusterCIDR's IPv6 half; config_*: the --config file as read
+    derived = {"warnings", "cluster_cidr6", "config_file", "config_content"}
     assert set(keys) == fields - derived | {"config", "mode"}
 
 
@@ -609,6 +610,8 @@ def test_load_reads_the_config_file_then_applies_flags(tmp_path: Path) -> None:
         hostname_override="worker-1",
         scheduler="lc",
         warnings=cfg.warnings,
+        config_file=str(path),
+        config_content=KUBEADM_CONFIG_CONF.encode(),
     )
     assert cfg.warnings == (
         "--ipvs-scheduler overrides ipvs.scheduler from the config file "
