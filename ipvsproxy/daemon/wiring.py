@@ -27,6 +27,7 @@ from ipvsproxy.kernel.addresses import AddressEvents
 from ipvsproxy.kernel.families import ipv6_unavailable
 from ipvsproxy.kube import client as kube_client
 from ipvsproxy.kube import slim
+from ipvsproxy.kube.credentials import follow_token_file
 from ipvsproxy.kube.events import EventRecorder
 from ipvsproxy.kube.informer import Informer
 from ipvsproxy.servers.healthz import json_route, serve_routes
@@ -86,6 +87,7 @@ def api_client(cfg: ProxyConfig) -> Any:
     if cfg.kubeconfig or not cfg.master:
         if cfg.kubeconfig:
             api = from_file(config_file=cfg.kubeconfig)
+            follow_token_file(api, cfg.kubeconfig)
         else:
             conf = client.Configuration()
             in_cluster(client_configuration=conf)
