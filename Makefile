@@ -21,7 +21,7 @@ $(APT_STAMP): lab/install-host-packages.sh | $(VENV)/bin/python
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e . --group dev
 	touch $@
 
 # Upstream etcd, kube-apiserver, kube-controller-manager, kube-proxy and kube-router for the lab,
@@ -76,7 +76,7 @@ bench-scaling: setup
 # by `make mutate` at the end; docs/mutation-testing.md says why each known survivor lives.
 MUTATE_STAMP := $(VENV)/.mutate-stamp
 $(MUTATE_STAMP): pyproject.toml | $(STAMP)
-	$(PY) -m pip install -q -e '.[test,mutate]'
+	$(PY) -m pip install -q -e . --group mutate
 	touch $@
 
 mutate: setup $(MUTATE_STAMP)

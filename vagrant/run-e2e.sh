@@ -5,7 +5,7 @@
 #   vagrant/run-e2e.sh [PYTEST ARGS...]                               # from the host
 #
 # It makes a virtual environment of its own (never the repository's .venv, which belongs to
-# the machine that made it), installs the repository into it with the `test` extra (which
+# the machine that made it), installs the repository into it with the `dev` dependency group (which
 # brings kubectl, put first on PATH), waits until every node is Ready and ipvsproxy has rolled
 # out, then runs `python -m pytest tests/e2e --e2e-kubeconfig KUBECONFIG` from the repository.
 #
@@ -49,13 +49,13 @@ if [[ ! -x $venv/bin/python ]]; then
     "$python" -m venv "$venv"
 fi
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
-    echo "run-e2e.sh: installing the repository with its test extra into $venv" >&2
+    echo "run-e2e.sh: installing the repository with its dev group into $venv" >&2
     "$venv/bin/python" -m pip install -q --upgrade pip
-    "$venv/bin/python" -m pip install -q -e "${repo}[test]"
+    "$venv/bin/python" -m pip install -q -e "$repo" --group "$repo/pyproject.toml:dev"
     printf '%s\n' "$want" >"$stamp"
 fi
 export PATH="$venv/bin:$PATH"
-command -v kubectl >/dev/null || die "no kubectl on PATH after installing the test extra"
+command -v kubectl >/dev/null || die "no kubectl on PATH after installing the dev group"
 
 kubectl --kubeconfig "$kubeconfig" wait --for=condition=Ready nodes --all --timeout=300s
 ns=kube-system ds=ipvsproxy

