@@ -180,9 +180,10 @@ def _virtual_server(sp: ServicePort, address: str, port: int, cfg: PlanConfig) -
     flags, timeout = 0, 0
     if sp.affinity_timeout:
         flags, timeout = SVC_F_PERSISTENT, sp.affinity_timeout
-    if cfg.scheduler == "mh":
+    scheduler = sp.scheduler or cfg.scheduler
+    if scheduler == "mh":
         flags |= SVC_F_SCHED_SH_PORT
-    return VirtualServer(ServiceKey(address, sp.protocol, port), cfg.scheduler, flags, timeout)
+    return VirtualServer(ServiceKey(address, sp.protocol, port), scheduler, flags, timeout)
 
 
 def _plan_port(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, NamedTuple
 
+from ipvsproxy.config.settings import SCHEDULERS
 from ipvsproxy.core.topology import Hints, hints_of
 from ipvsproxy.core.virtual_servers import Protocol, canonical_ip
 
@@ -22,6 +23,8 @@ LABEL_SERVICE_NAME = "kubernetes.io/service-name"
 LABEL_HEADLESS = "service.kubernetes.io/headless"
 LABEL_PROXY_NAME = "service.kubernetes.io/service-proxy-name"
 DEFAULT_AFFINITY_TIMEOUT = 10800
+# A Service's own IPVS scheduler, over ipvs.scheduler (kube-router.io/service.scheduler).
+SCHEDULER_ANNOTATION = "ipvsproxy.io/scheduler"
 
 
 def to_plain(obj: Any) -> Any:
@@ -75,6 +78,7 @@ class ServicePort:
     internal_local: bool
     health_check_node_port: int
     type: str
+    scheduler: str | None = None  # the SCHEDULER_ANNOTATION's; None: the configuration's
 
     def of_family(self, family: int) -> ServicePort:
         """This port as the proxier of ``family`` (4 or 6) sees it: its addresses and source
@@ -209,6 +213,7 @@ def service_ports(svc: Mapping[str, Any]) -> list[ServicePort]:
         )
     externally = stype in ("NodePort", "LoadBalancer") or bool(external_ips)
     source_ranges = _cidrs(spec.get("loadBalancerSourceRanges") or [], sid)
+    scheduler = _scheduler(svc, sid)
     ports = []
     for p in spec.get("ports") or []:
         try:
@@ -234,9 +239,23 @@ def service_ports(svc: Mapping[str, Any]) -> list[ServicePort]:
                 internal_local=spec.get("internalTrafficPolicy") == "Local",
                 health_check_node_port=int(spec.get("healthCheckNodePort") or 0),
                 type=stype,
+                scheduler=scheduler,
             )
         )
     return ports
+
+
+def _scheduler(svc: Mapping[str, Any], sid: str) -> str | None:
+    """The Service's SCHEDULER_ANNOTATION, checked against the IPVS schedulers."""
+    value = (_get(svc, "metadata", "annotations") or {}).get(SCHEDULER_ANNOTATION)
+    if value is None:
+        return None
+    if value not in SCHEDULERS:
+        raise InvalidObject(
+            f"service {sid}: annotation {SCHEDULER_ANNOTATION}: {value!r} is not an IPVS "
+            f"scheduler ({', '.join(SCHEDULERS)})"
+        )
+    return str(value)
 
 
 def _pod_of(ref: Any, sl: Mapping[str, Any]) -> str | None:

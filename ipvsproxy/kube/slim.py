@@ -17,11 +17,13 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Self
 
-from ipvsproxy.core.service_ports import LABEL_SERVICE_NAME
+from ipvsproxy.core.service_ports import LABEL_SERVICE_NAME, SCHEDULER_ANNOTATION
 
 Obj = dict[str, Any]
 
 TRIGGER_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+# The only annotations kept: a slice's trigger time, a Service's own scheduler.
+_ANNOTATIONS = (TRIGGER_ANNOTATION, SCHEDULER_ANNOTATION)
 _METADATA = ("name", "namespace", "resourceVersion", "deletionTimestamp")
 _SLICE_ENDPOINT = ("nodeName", "zone", "hints", "hostname")
 _CONDITIONS: dict[tuple[Any, Any, Any], Obj] = {}
@@ -35,7 +37,7 @@ def _metadata(
     meta: Mapping[str, Any], labels: tuple[str, ...] | None, created: bool = False
 ) -> Metadata:
     """name, namespace, resourceVersion (the informer compares it), deletionTimestamp; the
-    labels named in ``labels`` (None: all of them) and the trigger-time annotation; with
+    labels named in ``labels`` (None: all of them) and the annotations of _ANNOTATIONS; with
     ``created``, creationTimestamp (a Service's: who had a virtual server first)."""
     out: Obj = {k: meta[k] for k in _METADATA if k in meta}
     if created and "creationTimestamp" in meta:
@@ -46,9 +48,10 @@ def _metadata(
     kept = dict(found) if labels is None else {k: found[k] for k in labels if k in found}
     if kept:
         out["labels"] = {_intern(k): _intern(v) for k, v in kept.items()}
-    trigger = (meta.get("annotations") or {}).get(TRIGGER_ANNOTATION)
-    if trigger is not None:
-        out["annotations"] = {TRIGGER_ANNOTATION: trigger}
+    given = meta.get("annotations") or {}
+    annotations = {k: given[k] for k in _ANNOTATIONS if k in given}
+    if annotations:
+        out["annotations"] = annotations
     return Metadata.of(out)
 
 
