@@ -27,6 +27,9 @@ from ipvsproxy.kernel.fakes.faults import FakeBackend
 SCHEDULERS = frozenset({"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh"})
 
 
+KERNEL_DEFAULT_TIMEOUTS = (900, 120, 300)  # tcp, tcpfin, udp: a fresh kernel's
+
+
 @lru_cache(maxsize=1 << 16)
 def unicast(address: str) -> bool:
     """Whether the kernel takes ``address`` as a real server of an IPv4 virtual server
@@ -170,6 +173,11 @@ class FakeIPVS(FakeBackend[ServiceOp | DestOp]):
             return errno.ENOENT
         have[dest] = RealServer(dest, op.server.weight, op.server.fwd_method)
         return 0
+
+    def read_timeouts(self) -> tuple[int, int, int]:
+        """As set, or the kernel's defaults before any set."""
+        self.on_call("read_timeouts")
+        return self.timeouts or KERNEL_DEFAULT_TIMEOUTS
 
     def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
         self.on_call("set_timeouts", tcp, tcp_fin, udp)
