@@ -10,6 +10,7 @@ meaning or goes).
 from __future__ import annotations
 
 import datetime
+import ipaddress
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -277,10 +278,33 @@ def _daemon_json(src: Sources, now: float) -> dict[str, Any]:
     }
 
 
+def parse_virtual_address(text: str, protocol: Protocol) -> ServiceKey:
+    """``ADDR:PORT`` or ``[ADDR6]:PORT`` as ipvsadm's ``-t``/``-u``/``--sctp-service`` take
+    it (numeric address and port); raises ValueError naming what is wrong."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"an IPv6 virtual address is written [ADDR]:PORT, not {text!r}")
+    try:
+        address = ipaddress.ip_address(host)
+        number = int(port)
+    except ValueError:
+        raise ValueError(f"illegal virtual server address {text!r} (want ADDR:PORT)") from None
+    if not sep or not 0 < number < 65536:
+        raise ValueError(f"illegal virtual server port in {text!r}")
+    return ServiceKey(address.compressed, protocol, number)
+
+
 def build_report(
-    kernel: KernelView, src: Sources, now: float, service: str | None = None
+    kernel: KernelView,
+    src: Sources,
+    now: float,
+    service: str | None = None,
+    only: ServiceKey | None = None,
 ) -> dict[str, Any]:
-    """The status report; ``service`` (namespace/name) keeps only that Service's servers."""
+    """The status report; ``service`` (namespace/name) keeps only that Service's servers,
+    ``only`` only that virtual server (drift is still counted over all of them)."""
     if src.daemon is not None:
         view, by_service = VIEW_DAEMON, src.daemon.identities
         ops: list[str] | None = drift(src.daemon, kernel, src.ours)
@@ -292,6 +316,8 @@ def build_report(
     servers = []
     for key, (vs, traffic, dests) in sorted(kernel.items()):
         ident = names.virtual_server(key)
+        if only is not None and key != only:
+            continue
         if service is not None and (ident is None or ident.service != service):
             continue
         entry = _vs_json(vs, traffic, ident, key in src.ours)
@@ -313,6 +339,18 @@ def build_report(
         "drift": {"count": None if ops is None else len(ops), "operations": ops or []},
         "virtualServers": servers,
     }
+
+
+# -- IPVS timeouts (--timeout) -----------------------------------------------------------------
+
+
+def timeouts_line(tcp: int, tcp_fin: int, udp: int) -> str:
+    """As ``ipvsadm -L --timeout`` prints them."""
+    return f"Timeout (tcp tcpfin udp): {tcp} {tcp_fin} {udp}"
+
+
+def timeouts_json(tcp: int, tcp_fin: int, udp: int) -> dict[str, int]:
+    return {"tcp": tcp, "tcpFin": tcp_fin, "udp": udp}
 
 
 # -- the table -------------------------------------------------------------------------------

@@ -44,12 +44,19 @@ def kube(lab_cluster: Cluster, tmp_path: Path) -> Iterator[LabKube]:
 Table = dict[tuple[str, str], dict[str, Any]]
 
 
+def body(listing: str) -> list[str]:
+    """The lines after ipvsadm's headers (three, or two for one virtual service)."""
+    lines = listing.splitlines()
+    heads = next(i for i, ln in enumerate(lines) if "RemoteAddress:Port" in ln)
+    return lines[heads + 1 :]
+
+
 def parse_ipvsadm(listing: str, stats: str) -> Table:
     """``ipvsadm -Ln`` and ``ipvsadm -Ln --stats --exact`` as one table:
     (protocol, address:port) -> settings, counters and real servers."""
     table: Table = {}
     vs: dict[str, Any] | None = None
-    for line in listing.splitlines()[3:]:
+    for line in body(listing):
         f = line.split()
         if f[0] == "->":
             assert vs is not None
@@ -59,7 +66,7 @@ def parse_ipvsadm(listing: str, stats: str) -> Table:
             vs = {"scheduler": f[2], "persistent": persistent, "dests": {}, "stats": None}
             table[(f[0], f[1])] = vs
     key: tuple[str, str] | None = None
-    for line in stats.splitlines()[3:]:
+    for line in body(stats):
         f = line.split()
         counters = tuple(int(x) for x in f[2:7])
         if f[0] == "->":
@@ -71,9 +78,10 @@ def parse_ipvsadm(listing: str, stats: str) -> Table:
     return table
 
 
-def ipvsadm(cluster: Cluster, node: Node) -> Table:
-    listing = cluster.exec(node.netns, "ipvsadm", "-Ln").stdout
-    stats = cluster.exec(node.netns, "ipvsadm", "-Ln", "--stats", "--exact").stdout
+def ipvsadm(cluster: Cluster, node: Node, *only: str) -> Table:
+    """``only``: a virtual service as ipvsadm takes it, e.g. ``-t ADDR:PORT``."""
+    listing = cluster.exec(node.netns, "ipvsadm", "-Ln", *only).stdout
+    stats = cluster.exec(node.netns, "ipvsadm", "-Ln", "--stats", "--exact", *only).stdout
     return parse_ipvsadm(listing, stats)
 
 
@@ -119,13 +127,15 @@ def status(cluster: Cluster, node: Node, state: Path, *args: str) -> str:
     return proc.stdout
 
 
-def status_matching_ipvsadm(cluster: Cluster, node: Node, state: Path) -> dict[str, Any]:
+def status_matching_ipvsadm(
+    cluster: Cluster, node: Node, state: Path, *only: str
+) -> dict[str, Any]:
     """``status --output json`` read between two identical ``ipvsadm`` readings (a connection
-    may leave the inactive count meanwhile), checked against them."""
+    may leave the inactive count meanwhile), checked against them; ``only`` is given to both."""
     for _attempt in range(5):
-        before = ipvsadm(cluster, node)
-        report: dict[str, Any] = json.loads(status(cluster, node, state, "--output", "json"))
-        if ipvsadm(cluster, node) == before:
+        before = ipvsadm(cluster, node, *only)
+        report: dict[str, Any] = json.loads(status(cluster, node, state, "-o", "json", *only))
+        if ipvsadm(cluster, node, *only) == before:
             assert before, "ipvsadm lists no virtual server"
             assert from_status(report) == before
             return report
@@ -234,6 +244,7 @@ def test_status_matches_ipvsadm_and_names_every_server(lab_cluster: Cluster, kub
         assert re.search(rf"^UDP\s+{re.escape(web_ip)}:domain\s", named, re.M)
         check_table(table, web_ip, sticky_ip, held, held_ip)
         check_counter_tables(lab_cluster, n1, state, web_ip)
+        check_virtual_service_filters(lab_cluster, n1, state, web_ip)
     finally:
         session.close()
 
@@ -355,3 +366,46 @@ def check_counter_tables(cluster: Cluster, node: Node, state: Path, web_ip: str)
     wide = status(cluster, node, state, "-o", "wide")
     assert wide.splitlines()[2].split()[-2:] == ["Role", "RawFlags"]
     assert wide.splitlines()[3].split()[-1] == "PersistConn"
+
+
+def check_virtual_service_filters(cluster: Cluster, node: Node, state: Path, web_ip: str) -> None:
+    """-t and -u list the one virtual service ipvsadm lists; one that is not there fails as
+    ipvsadm fails (exit 1)."""
+    for only in (("-t", f"{web_ip}:80"), ("-u", f"{web_ip}:53"), ("--tcp-service", f"{web_ip}:80")):
+        report = status_matching_ipvsadm(cluster, node, state, *only)
+        assert len(report["virtualServers"]) == 1, report["virtualServers"]
+        assert report["drift"]["count"] == 0
+    table = status(cluster, node, state, "-n", "-u", f"{web_ip}:53")
+    assert re.search(rf"^UDP\s+{re.escape(web_ip)}:53\s+rr\s+default/web:dns\s", table, re.M)
+    assert "TCP" not in table.split("\n", 4)[-1]
+    for only in (("-u", f"{web_ip}:80"), ("--sctp-service", f"{web_ip}:80")):
+        theirs = cluster.exec(node.netns, "ipvsadm", "-Ln", *only, check=False)
+        ours = cluster.exec(
+            node.netns, sys.executable, "-m", "ipvsproxy", "status", *only, check=False
+        )
+        assert (ours.returncode, theirs.returncode) == (1, 1), ours.stderr + theirs.stderr
+        assert "No such service" in theirs.stderr and "No such service" in ours.stderr
+
+
+def test_status_timeout_is_ipvsadm_timeout(lab_cluster: Cluster) -> None:
+    """``status --timeout`` prints what ``ipvsadm -L --timeout`` prints, as set by ipvsadm, and
+    needs neither the daemon nor a state file."""
+    n1 = lab_cluster.nodes[0]
+    nothing = Path("/nonexistent/state.json")
+
+    def both() -> tuple[str, str]:
+        theirs = lab_cluster.exec(n1.netns, "ipvsadm", "-L", "--timeout").stdout
+        return status(lab_cluster, n1, nothing, "--timeout"), theirs
+
+    before = both()
+    assert before[0] == before[1] and before[0].startswith("Timeout (tcp tcpfin udp): ")
+    tcp, fin, udp = before[0].split(":")[1].split()
+    try:
+        lab_cluster.exec(n1.netns, "ipvsadm", "--set", "7201", "31", "61")
+        ours, theirs = both()
+        assert ours == theirs == "Timeout (tcp tcpfin udp): 7201 31 61\n"
+        doc = json.loads(status(lab_cluster, n1, nothing, "--timeout", "-o", "json"))
+        assert doc["timeouts"] == {"tcp": 7201, "tcpFin": 31, "udp": 61}
+    finally:
+        lab_cluster.exec(n1.netns, "ipvsadm", "--set", tcp, fin, udp)
+    assert both() == before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -485,6 +486,45 @@ def test_service_filter_keeps_only_that_service() -> None:
     assert view.build_report(k, src, NOW, service="default/web")["virtualServers"] == []
     nothing = view.build_report(k, sources(k, daemon_view()), NOW, service="default/gone")
     assert nothing["virtualServers"] == []
+
+
+def test_virtual_service_filter_keeps_only_that_one_and_counts_all_drift() -> None:
+    k = kernel_matching()
+    del k[WEB_NP]  # drift 1, outside the filter: still counted
+    report = view.build_report(k, sources(k, daemon_view()), NOW, only=STICKY)
+    assert [(v["address"], v["port"]) for v in report["virtualServers"]] == [("10.96.0.20", 443)]
+    assert report["drift"]["count"] == 1
+    udp = ServiceKey(STICKY.address, Protocol.UDP, STICKY.port)
+    assert view.build_report(k, sources(k, daemon_view()), NOW, only=udp)["virtualServers"] == []
+
+
+@pytest.mark.parametrize(
+    ("text", "proto", "want"),
+    [
+        ("10.96.0.10:80", Protocol.TCP, ServiceKey("10.96.0.10", Protocol.TCP, 80)),
+        ("[fd00:0::a]:53", Protocol.UDP, ServiceKey("fd00::a", Protocol.UDP, 53)),
+        ("[fd00::a]:3868", Protocol.SCTP, ServiceKey("fd00::a", Protocol.SCTP, 3868)),
+    ],
+)
+def test_parse_virtual_address(text: str, proto: Protocol, want: ServiceKey) -> None:
+    assert view.parse_virtual_address(text, proto) == want
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("10.96.0.10", "illegal virtual server"),
+        ("10.96.0.10:0", "illegal virtual server port"),
+        ("10.96.0.10:65536", "illegal virtual server port"),
+        ("10.96.0.10:http", "illegal virtual server address"),
+        ("web:80", "illegal virtual server address"),
+        ("fd00::a:53", "[ADDR]:PORT"),
+        ("[10.96.0.10:80", "illegal virtual server address"),
+    ],
+)
+def test_parse_virtual_address_rejects(text: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        view.parse_virtual_address(text, Protocol.TCP)
 
 
 def test_empty_kernel() -> None:
