@@ -19,7 +19,7 @@ from typing import Any
 
 from ipvsproxy.config import METRICS_PORT, ProxyConfig
 from ipvsproxy.core.virtual_servers import Protocol, ServiceKey
-from ipvsproxy.status import view
+from ipvsproxy.status import connections, view
 
 DEFAULT_METRICS_ADDRESS = f"127.0.0.1:{METRICS_PORT}"
 
@@ -34,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--rate", action="store_true", help="connections, packets and bytes per second"
     )
     p.add_argument("--service", metavar="NAMESPACE/NAME", help="only this Service's servers")
+    p.add_argument(
+        "-c",
+        "--connections",
+        action="store_true",
+        help="the connection table, as ipvsadm -Lnc, with Service and Pod names",
+    )
     one = p.add_mutually_exclusive_group()
     for flags, proto in _VIRTUAL_SERVICE_FLAGS:
         one.add_argument(
@@ -256,6 +262,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    if args.connections:
+        return _show_connections(args, report, sources, narrowed=bool(args.service or only))
     if args.output == "json":
         _dump(report)
         return 0
@@ -268,3 +276,25 @@ def run(args: argparse.Namespace) -> int:
 def _dump(doc: dict[str, Any]) -> None:
     json.dump(doc, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
+
+
+def _show_connections(
+    args: argparse.Namespace, report: dict[str, Any], sources: view.Sources, narrowed: bool
+) -> int:
+    """-c: the report's header and IPVS's connection entries (those of the virtual servers
+    listed, under --service or -t/-u)."""
+    try:
+        text = Path(connections.PROC_PATH).read_text()
+    except OSError as exc:
+        print(f"ipvsproxy status: cannot read {connections.PROC_PATH}: {exc}", file=sys.stderr)
+        return 1
+    conns = connections.parse(text)
+    if narrowed:
+        listed = {(v["protocol"], v["address"], v["port"]) for v in report["virtualServers"]}
+        conns = [c for c in conns if (c.protocol, c.virtual, c.virtual_port) in listed]
+    report["connections"] = connections.to_json(conns, view.identities(sources))
+    if args.output == "json":
+        _dump(report)
+    else:
+        print("\n".join([*view.header_lines(report), *connections.render(report["connections"])]))
+    return 0

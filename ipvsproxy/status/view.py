@@ -278,6 +278,13 @@ def _daemon_json(src: Sources, now: float) -> dict[str, Any]:
     }
 
 
+def identities(src: Sources) -> Identities:
+    """The names the report shows: the daemon's, else the state file's, else none."""
+    if src.daemon is not None:
+        return Identities(src.daemon.identities.values())
+    return Identities((src.state_identities or {}).values())
+
+
 def parse_virtual_address(text: str, protocol: Protocol) -> ServiceKey:
     """``ADDR:PORT`` or ``[ADDR6]:PORT`` as ipvsadm's ``-t``/``-u``/``--sctp-service`` take
     it (numeric address and port); raises ValueError naming what is wrong."""

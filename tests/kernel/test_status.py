@@ -245,6 +245,7 @@ def test_status_matches_ipvsadm_and_names_every_server(lab_cluster: Cluster, kub
         check_table(table, web_ip, sticky_ip, held, held_ip)
         check_counter_tables(lab_cluster, n1, state, web_ip)
         check_virtual_service_filters(lab_cluster, n1, state, web_ip)
+        check_connections(lab_cluster, n1, state, web_ip, session.local, held_ip)
     finally:
         session.close()
 
@@ -409,3 +410,71 @@ def test_status_timeout_is_ipvsadm_timeout(lab_cluster: Cluster) -> None:
     finally:
         lab_cluster.exec(n1.netns, "ipvsadm", "--set", tcp, fin, udp)
     assert both() == before
+
+
+Conn = tuple[str, str, str, str, str]  # protocol, state, source, virtual, destination
+
+
+def ipvsadm_connections(cluster: Cluster, node: Node, *only: str) -> set[Conn]:
+    """``ipvsadm -Lnc``'s entries, without their expiry (it ticks between two readings)."""
+    lines = cluster.exec(node.netns, "ipvsadm", "-Lnc").stdout.splitlines()
+    assert lines[:2] and lines[0] == "IPVS connection entries", lines
+    return {(f[0], f[2], f[3], f[4], f[5]) for f in (ln.split() for ln in lines[2:])}
+
+
+def status_connections(cluster: Cluster, node: Node, state: Path, *args: str) -> list[Any]:
+    entries: list[Any] = json.loads(status(cluster, node, state, "-c", "-o", "json", *args))[
+        "connections"
+    ]
+    return entries
+
+
+def as_conn(e: dict[str, Any]) -> Conn:
+    def hp(address: str, port: int) -> str:
+        return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+    return (
+        e["protocol"],
+        e["state"],
+        hp(e["client"], e["clientPort"]),
+        hp(e["virtual"], e["virtualPort"]),
+        hp(e["destination"], e["destinationPort"]),
+    )
+
+
+def check_connections(
+    cluster: Cluster,
+    node: Node,
+    state: Path,
+    web_ip: str,
+    held: tuple[str, int],
+    held_ip: str,
+) -> None:
+    """-c lists the entries ``ipvsadm -Lnc`` lists (read between two identical ipvsadm
+    readings), the held connection among them, with Service and Pod names."""
+    for _attempt in range(5):
+        before = ipvsadm_connections(cluster, node)
+        entries = status_connections(cluster, node, state)
+        if ipvsadm_connections(cluster, node) == before:
+            break
+    else:
+        raise AssertionError("the connection table never held still for a reading")
+    assert {as_conn(e) for e in entries} == before and len(entries) == len(before)
+    held_conn = ("TCP", "ESTABLISHED", f"{held[0]}:{held[1]}", f"{web_ip}:80", f"{held_ip}:8080")
+    assert held_conn in before
+    web = [e for e in entries if (e["virtual"], e["virtualPort"]) == (web_ip, 80)]
+    assert len(web) >= 2 and {e["service"] for e in web} == {"default/web:http"}
+    # The held pod left the Service: nameless; the others are named.
+    assert {e["pod"] for e in web if e["destination"] == held_ip} == {None}
+    assert {e["pod"] for e in web if e["destination"] != held_ip} <= {
+        f"default/{p}" for p in WEB_BACKENDS
+    }
+    table = status(cluster, node, state, "-c")
+    assert re.search(
+        rf"^TCP\s+\d\d:\d\d\s+ESTABLISHED\s+{re.escape(held[0])}:{held[1]}\s+"
+        rf"{re.escape(web_ip)}:80\s+{re.escape(held_ip)}:8080\s+default/web:http\s+\?$",
+        table,
+        re.M,
+    ), table
+    udp = status_connections(cluster, node, state, "-u", f"{web_ip}:53")
+    assert udp and {(e["protocol"], e["virtualPort"]) for e in udp} == {("UDP", 53)}
