@@ -207,6 +207,7 @@ class Proxy:
                 virtual_servers=desired.virtual_servers,
                 real_servers=desired.real_servers,
                 identities=desired.identities,
+                addresses=desired.addresses,
                 last_sync=self.last_sync,
                 pending=pending,
                 invalid=self._invalid(),

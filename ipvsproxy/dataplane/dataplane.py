@@ -501,5 +501,8 @@ class Dataplane:
     def desired_view(self) -> DesiredView:
         """The desired IPVS state and the Services' names, for the daemon's /status."""
         return DesiredView(
-            self.desired.virtual_servers, self.desired.real_servers, self.state.identities
+            self.desired.virtual_servers,
+            self.desired.real_servers,
+            self.state.identities,
+            self.desired.binds(),
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ipvsproxy.core.identities import ServiceIdentity
@@ -35,3 +35,4 @@ class DesiredView:
     virtual_servers: Mapping[ServiceKey, VirtualServer]
     real_servers: Mapping[ServiceKey, Mapping[DestKey, RealServerLike]]
     identities: Mapping[str, ServiceIdentity]  # service key -> the names of its virtual servers
+    addresses: Collection[str] = ()  # what kube-ipvs0 should hold, both families

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import subprocess
 import sys
 import time
 import urllib.error
@@ -34,6 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--rate", action="store_true", help="connections, packets and bytes per second"
     )
     p.add_argument("--service", metavar="NAMESPACE/NAME", help="only this Service's servers")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="also kube-ipvs0's addresses, ipvsproxy's ipsets and iptables chains",
+    )
     p.add_argument(
         "-c",
         "--connections",
@@ -175,6 +181,47 @@ def _show_timeouts(output: str) -> int:
     return 0
 
 
+def _read_ipsets() -> tuple[dict[str, int], str | None]:
+    from ipvsproxy.kernel.ipset import IPSets
+
+    try:
+        ipsets = IPSets()
+        try:
+            return {name: len(members) for name, members in ipsets.read().items()}, None
+        finally:
+            ipsets.close()
+    except OSError as exc:
+        return {}, str(exc)
+
+
+def _read_chains() -> tuple[dict[tuple[int, str, str], int], str | None]:
+    """ipvsproxy's chains in iptables-save's and ip6tables-save's nat and filter tables."""
+    from ipvsproxy.core.ruleset import FILTER_CHAINS, NAT_CHAINS
+
+    chains: dict[tuple[int, str, str], int] = {}
+    errors: list[str] = []
+    for family, save in ((4, "iptables-save"), (6, "ip6tables-save")):
+        for table, names in (("nat", NAT_CHAINS), ("filter", FILTER_CHAINS)):
+            try:
+                proc = subprocess.run([save, "-t", table], capture_output=True, text=True)
+            except OSError as exc:
+                errors.append(f"{save}: {exc}")
+                break
+            if proc.returncode != 0:
+                errors.append(f"{save} -t {table}: {proc.stderr.strip()}")
+                continue
+            for chain, rules in view.chain_rules(proc.stdout, names).items():
+                chains[(family, table, chain)] = rules
+    return chains, "; ".join(errors) or None
+
+
+def read_extras(bound: frozenset[str]) -> view.Extras:
+    """--all: what the kernel holds of ipvsproxy besides IPVS."""
+    ipsets, ipsets_error = _read_ipsets()
+    chains, chains_error = _read_chains()
+    return view.Extras(bound, ipsets, ipsets_error, chains, chains_error)
+
+
 def _url(address: str) -> str:
     host, _, port = address.rpartition(":")
     host = host or "127.0.0.1"
@@ -213,6 +260,7 @@ def gather(args: argparse.Namespace) -> tuple[view.KernelView, view.Sources]:
         state_time=mtime,
         state_error=state_error,
         ours=frozenset(ours),
+        bound=frozenset(bound),
     )
     return kernel, sources
 
@@ -264,12 +312,16 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if args.connections:
         return _show_connections(args, report, sources, narrowed=bool(args.service or only))
+    if args.all:
+        report["all"] = view.all_json(read_extras(sources.bound), sources.daemon)
     if args.output == "json":
         _dump(report)
         return 0
     counters = "stats" if args.stats else "rate" if args.rate else None
     namer = view.numeric_port if args.numeric else _port_name
     print(view.render_table(report, counters, args.output == "wide", namer))
+    if args.all:
+        print("\n".join(view.render_all(report["all"])))
     return 0
 
 

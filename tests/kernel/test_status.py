@@ -246,6 +246,7 @@ def test_status_matches_ipvsadm_and_names_every_server(lab_cluster: Cluster, kub
         check_counter_tables(lab_cluster, n1, state, web_ip)
         check_virtual_service_filters(lab_cluster, n1, state, web_ip)
         check_connections(lab_cluster, n1, state, web_ip, session.local, held_ip)
+        check_all(lab_cluster, n1, state, web_ip)
     finally:
         session.close()
 
@@ -478,3 +479,23 @@ def check_connections(
     ), table
     udp = status_connections(cluster, node, state, "-u", f"{web_ip}:53")
     assert udp and {(e["protocol"], e["virtualPort"]) for e in udp} == {("UDP", 53)}
+
+
+def check_all(cluster: Cluster, node: Node, state: Path, web_ip: str) -> None:
+    """--all: kube-ipvs0's addresses as ``ip addr`` shows them (no drift), ipset member
+    counts as ``ipset list -t``, chain rule counts as ``iptables -S``."""
+    part = json.loads(status(cluster, node, state, "--all", "-o", "json"))["all"]
+    shown = cluster.exec(node.netns, "ip", "-o", "addr", "show", "dev", "kube-ipvs0").stdout
+    bound = {ln.split()[3].split("/")[0] for ln in shown.splitlines()}
+    assert web_ip in bound and set(part["kubeIpvs0"]["addresses"]) == bound
+    assert part["kubeIpvs0"]["drift"] == {"count": 0, "operations": []}
+    sets = {e["name"]: e["members"] for e in part["ipsets"]["sets"]}
+    for name in ("KUBE-CLUSTER-IP", "KUBE-NODE-PORT-TCP"):
+        listing = cluster.exec(node.netns, "ipset", "list", "-t", name).stdout
+        (entries,) = re.findall(r"^Number of entries: (\d+)$", listing, re.M)
+        assert sets[name] == int(entries), (name, listing)
+    chains = {(e["family"], e["table"], e["chain"]): e["rules"] for e in part["chains"]["chains"]}
+    rules = cluster.exec(node.netns, "iptables", "-t", "nat", "-S", "KUBE-SERVICES").stdout
+    assert chains[("IPv4", "nat", "KUBE-SERVICES")] == rules.count("\n-A ") > 0
+    table = status(cluster, node, state, "--all", "-n")
+    assert re.search(r"^kube-ipvs0: \d+ addresses \(drift 0\)$", table, re.M), table

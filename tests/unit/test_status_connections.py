@@ -1,4 +1,5 @@
-"""``ipvsproxy status -c``: /proc/net/ip_vs_conn parsed, named and laid out as ipvsadm -Lnc."""
+"""``ipvsproxy status -c``: /proc/net/ip_vs_conn parsed, named and laid out as ipvsadm -Lnc;
+and the command's ``--all`` on the same faked sources."""
 
 from __future__ import annotations
 
@@ -183,3 +184,29 @@ def test_command_c_without_the_proc_file_says_so(
     monkeypatch.setattr(connections, "PROC_PATH", str(tmp_path / "missing"))
     assert cli.main(["status", "-c"]) == 1
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_command_all_adds_addresses_ipsets_and_chains(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _fake_gather(monkeypatch, tmp_path)
+    seen: list[frozenset[str]] = []
+
+    def extras(bound: frozenset[str]) -> view.Extras:
+        seen.append(bound)
+        return view.Extras(frozenset({"10.96.0.10"}), {"KUBE-CLUSTER-IP": 1}, None, {}, None)
+
+    monkeypatch.setattr(command, "read_extras", extras)
+    assert cli.main(["status", "--all", "-o", "json"]) == 0
+    part = json.loads(capsys.readouterr().out)["all"]
+    # The daemon of _fake_gather wants no address bound.
+    assert part["kubeIpvs0"] == {
+        "addresses": ["10.96.0.10"],
+        "drift": {"count": 1, "operations": ["unbind 10.96.0.10 from kube-ipvs0"]},
+    }
+    assert part["ipsets"]["sets"] == [{"name": "KUBE-CLUSTER-IP", "members": 1}]
+    assert cli.main(["status", "--all", "-n"]) == 0
+    out = capsys.readouterr().out
+    assert "kube-ipvs0: 1 addresses (drift 1)" in out and "ipsets: 1 (drift unknown)" in out
+    assert cli.main(["status", "-n"]) == 0
+    assert "kube-ipvs0" not in capsys.readouterr().out and len(seen) == 2
