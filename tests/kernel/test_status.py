@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from lab.cluster.kube import LabKube, wait_for
+from lab.cluster.kube import POD_ECHO_PORT, LabKube, wait_for
+from lab.cluster.kubelet import LabPod
 from lab.net import netns
 from lab.net.topology import Cluster, Node
 
@@ -85,6 +86,11 @@ def ipvsadm(cluster: Cluster, node: Node, *only: str) -> Table:
     return parse_ipvsadm(listing, stats)
 
 
+def hostport(address: str, port: int) -> str:
+    """As ipvsadm -n writes them: an IPv6 address in brackets."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
 def from_status(report: dict[str, Any]) -> Table:
     """The same table from ``status --output json``."""
 
@@ -94,12 +100,12 @@ def from_status(report: dict[str, Any]) -> Table:
 
     table: Table = {}
     for vs in report["virtualServers"]:
-        table[(vs["protocol"], f"{vs['address']}:{vs['port']}")] = {
+        table[(vs["protocol"], hostport(vs["address"], vs["port"]))] = {
             "scheduler": vs["scheduler"],
             "persistent": vs["persistenceTimeout"] if vs["persistent"] else 0,
             "stats": counters(vs),
             "dests": {
-                f"{rs['address']}:{rs['port']}": {
+                hostport(rs["address"], rs["port"]): {
                     "forward": rs["forward"],
                     "weight": rs["weight"],
                     "conns": (str(rs["activeConnections"]), str(rs["inactiveConnections"])),
@@ -431,15 +437,12 @@ def status_connections(cluster: Cluster, node: Node, state: Path, *args: str) ->
 
 
 def as_conn(e: dict[str, Any]) -> Conn:
-    def hp(address: str, port: int) -> str:
-        return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
-
     return (
         e["protocol"],
         e["state"],
-        hp(e["client"], e["clientPort"]),
-        hp(e["virtual"], e["virtualPort"]),
-        hp(e["destination"], e["destinationPort"]),
+        hostport(e["client"], e["clientPort"]),
+        hostport(e["virtual"], e["virtualPort"]),
+        hostport(e["destination"], e["destinationPort"]),
     )
 
 
@@ -499,3 +502,45 @@ def check_all(cluster: Cluster, node: Node, state: Path, web_ip: str) -> None:
     assert chains[("IPv4", "nat", "KUBE-SERVICES")] == rules.count("\n-A ") > 0
     table = status(cluster, node, state, "--all", "-n")
     assert re.search(r"^kube-ipvs0: \d+ addresses \(drift 0\)$", table, re.M), table
+
+
+def test_status_filter_and_connections_over_ipv6(lab_cluster: Cluster, tmp_path: Path) -> None:
+    """An IPv6 Service: -t [ADDR]:PORT lists what ``ipvsadm -Ln -t`` lists, and -c shows the
+    IPv6 entries of /proc/net/ip_vs_conn as ``ipvsadm -Lnc`` does, named."""
+    from kubernetes import client
+
+    lab = LabKube(lab_cluster, tmp_path)
+    pods = [
+        LabPod(p.name, "default", p.node, p.ip, {"app": "six"}, {"http": POD_ECHO_PORT}, ip6=p.ip6)
+        for p in lab_cluster.pods
+    ]
+    try:
+        kube = lab.start(pods)
+        assert kube.daemons is not None
+        core: Any = client.CoreV1Api(kube.api)
+        spec: dict[str, Any] = {"selector": {"app": "six"}, "ipFamilies": ["IPv6"]}
+        spec["ports"] = [{"name": "http", "port": 80, "targetPort": POD_ECHO_PORT}]
+        core.create_namespaced_service("default", {"metadata": {"name": "six"}, "spec": spec})
+        six = core.read_namespaced_service("six", "default").spec.cluster_ip
+        n1 = lab_cluster.nodes[0]
+        state = kube.daemons.state_file(n1)
+        client_ns = n1.pods[-1].netns
+        wait_for(lambda: netns.tcp_request(client_ns, six, 80, timeout=2)["pod"], 30, "six")
+        session = netns.TCPSession(client_ns, six, 80)
+        try:
+            pod = session.ask()["pod"]
+            only = ("-t", f"[{six}]:80")
+            report = status_matching_ipvsadm(lab_cluster, n1, state, *only)
+            (vs,) = report["virtualServers"]
+            assert (vs["address"], vs["service"]) == (six, "default/six")
+            entries = status_connections(lab_cluster, n1, state, *only)
+            held = ("TCP", "ESTABLISHED", f"[{session.local[0]}]:{session.local[1]}")
+            mine = [e for e in entries if as_conn(e)[:3] == held]
+            assert len(mine) == 1 and mine[0]["pod"] == f"default/{pod}", entries
+            assert mine[0]["service"] == "default/six:http"
+            assert {as_conn(e) for e in entries} <= ipvsadm_connections(lab_cluster, n1)
+        finally:
+            session.close()
+    finally:
+        print(lab.logs())
+        lab.stop(cleanup=True)
