@@ -63,7 +63,7 @@ class Proxy:
         self.events: EventRecorder | None = None
         self.changes = ChangeTracker(on_mark=self._queued)
         self.node = NodeTracker(cfg, dataplane, self.health, self.changes, self.stop)
-        self.telemetry = Telemetry(metrics, self._warn)
+        self.telemetry = Telemetry(metrics, self._warn, families=dataplane.plan_config.families)
         self.runner = SyncRunner(
             self.changes,
             sync_period=cfg.sync_period,

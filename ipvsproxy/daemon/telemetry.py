@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 
 from ipvsproxy.dataplane.dataplane import SyncResult
 from ipvsproxy.dataplane.snapshot import Snapshot
-from ipvsproxy.servers.metrics import Metrics
+from ipvsproxy.servers.metrics import FAMILY_LABELS, TRAFFIC_POLICIES, Metrics
 
 log = logging.getLogger("ipvsproxy")
 
@@ -26,8 +26,10 @@ class Telemetry:
         metrics: Metrics,
         warn: Callable[[str, str, str], object],
         wall: Callable[[], float] = time.time,
+        families: tuple[int, ...] = (4,),
     ) -> None:
         self.metrics = metrics
+        self.families = families  # the IP families served: each sync covers them all
         self.warn = warn  # (service, reason, message): a Warning Event
         self.wall = wall
         self._reported: dict[tuple[str, str], int] = {}  # counter totals already exported
@@ -60,7 +62,11 @@ class Telemetry:
                 metrics.netlink_ops.labels(kind, outcome).inc(delta)
         self._reported = totals
         metrics.draining.set(snapshot.draining)
-        metrics.no_local_endpoints.labels("External").set(snapshot.no_local_endpoints)
+        for family in self.families:
+            label = FAMILY_LABELS[family]
+            for policy in TRAFFIC_POLICIES:
+                count = snapshot.no_local_endpoints.get((policy, family), 0)
+                metrics.no_local_endpoints.labels(policy, label).set(count)
         metrics.endpoint_pending.set(pending)
         metrics.service_pending.set(pending)
         metrics.failed_services.set(snapshot.failed_services)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -473,7 +474,9 @@ class Dataplane:
             restore_failures=self.backends.iptables.restore_failures,
             state_write_failures=self.state_write_failures,
             draining=len(self.state.draining_since),
-            no_local_endpoints=sum(p.no_local_endpoints for p in self.desired.plans.values()),
+            no_local_endpoints=Counter(
+                k for p in self.desired.plans.values() for k in p.no_local_endpoints
+            ),
             failed_services=len(self.failed),
             kernel_problems=len(self.kernel_problems) + len(self.sysctl_failures),
         )

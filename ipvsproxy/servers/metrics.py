@@ -16,6 +16,10 @@ from prometheus_client import (
 from ipvsproxy.servers.healthz import Route, serve_routes
 from ipvsproxy.servers.httpserver import HTTPServer
 
+# Upstream's ip_family label values (v1.IPFamily)
+FAMILY_LABELS = {4: "IPv4", 6: "IPv6"}
+TRAFFIC_POLICIES = ("internal", "external")  # upstream's traffic_policy label values
+
 _BUCKETS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024,
             2.048, 4.096, 8.192, 16.384)  # fmt: skip
 
@@ -68,7 +72,7 @@ class Metrics:
         self.no_local_endpoints = Gauge(
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
             "Number of services with a Local traffic policy and no endpoints",
-            ["traffic_policy"],
+            ["traffic_policy", "ip_family"],
             registry=r,
         )
         self.restore_failures = Counter(

@@ -16,7 +16,7 @@ SNAPSHOT = Snapshot(
     restore_failures=0,
     state_write_failures=1,
     draining=2,
-    no_local_endpoints=1,
+    no_local_endpoints={("external", 4): 1},
     failed_services=1,
     kernel_problems=0,
 )
@@ -70,3 +70,24 @@ def test_a_sync_that_did_not_run_to_its_end_is_not_done() -> None:
     assert _sample(metrics, "ipvsproxy_sync_errors_total") == 1.0
     assert _sample(metrics, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") == 0.0
     assert _sample(metrics, "kubeproxy_network_programming_duration_seconds_count") == 0.0
+
+
+def test_no_local_endpoints_are_set_for_each_policy_and_served_family() -> None:
+    """Upstream's every sync sets both policies of its family, 0 included; ipvsproxy's one
+    sync sets them for each family it serves."""
+    metrics = Metrics()
+    telemetry = Telemetry(metrics, warn=lambda *_a: None, families=(4, 6))
+    counts = {("external", 4): 2, ("internal", 6): 1}
+    telemetry.record(SyncResult(full=True), replace(SNAPSHOT, no_local_endpoints=counts), 0, {})
+    name = "kubeproxy_sync_proxy_rules_no_local_endpoints_total"
+    got = {
+        (policy, family): _sample(metrics, name, traffic_policy=policy, ip_family=family)
+        for policy in ("internal", "external")
+        for family in ("IPv4", "IPv6")
+    }
+    assert got == {
+        ("internal", "IPv4"): 0.0,
+        ("external", "IPv4"): 2.0,
+        ("internal", "IPv6"): 1.0,
+        ("external", "IPv6"): 0.0,
+    }
