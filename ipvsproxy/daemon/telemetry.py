@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
+from ipvsproxy.daemon.changes import Trigger
 from ipvsproxy.dataplane.dataplane import SyncResult
 from ipvsproxy.dataplane.snapshot import Snapshot
 from ipvsproxy.servers.metrics import FAMILY_LABELS, TRAFFIC_POLICIES, Metrics
@@ -34,15 +35,19 @@ class Telemetry:
         self.wall = wall
         self._reported: dict[tuple[str, str], int] = {}  # counter totals already exported
 
+    def changes_pending(self, services: int, slice_changes: int) -> None:
+        """The Services with a Service change and the slice changes not yet synced."""
+        self.metrics.service_pending.set(services)
+        self.metrics.endpoint_pending.set(slice_changes)
+
     def record(
         self,
         result: SyncResult,
         snapshot: Snapshot,
-        pending: int,
-        taken: Mapping[str, float | None],
+        taken: Mapping[str, Sequence[Trigger]],
     ) -> float | None:
-        """Record a sync that handled the Services in ``taken`` (-> their trigger times) and
-        left ``pending`` marked. Returns the wall time the sync counts as done at when it ran
+        """Record a sync that handled the Services in ``taken`` (-> the trigger times of their
+        slice changes). Returns the wall time the sync counts as done at when it ran
         to its end (upstream's proxier then marks itself updated), else None."""
         metrics = self.metrics
         metrics.sync_duration.observe(result.seconds)
@@ -67,8 +72,6 @@ class Telemetry:
             for policy in TRAFFIC_POLICIES:
                 count = snapshot.no_local_endpoints.get((policy, family), 0)
                 metrics.no_local_endpoints.labels(policy, label).set(count)
-        metrics.endpoint_pending.set(pending)
-        metrics.service_pending.set(pending)
         metrics.failed_services.set(snapshot.failed_services)
         metrics.kernel_problems.set(snapshot.kernel_problems)
         for service, why in sorted(result.failed.items()):
@@ -85,9 +88,9 @@ class Telemetry:
         # are reported above).
         now = self.wall()
         metrics.last_sync.set(now)
-        for trigger in taken.values():
-            if trigger is not None:
-                metrics.programming_duration.observe(max(0.0, now - trigger))
+        for triggers in taken.values():
+            for trigger in triggers:
+                metrics.programming_duration.observe(max(0.0, now - trigger.at))
         log.info(
             "%s sync: %d writes in %.3f s, %d services changed",
             "full" if result.full else "incremental",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ipvsproxy.daemon.changes import Trigger
 from ipvsproxy.daemon.telemetry import Telemetry
 from ipvsproxy.dataplane.dataplane import SyncResult
 from ipvsproxy.dataplane.snapshot import Snapshot
@@ -30,21 +31,20 @@ def _sample(metrics: Metrics, name: str, **labels: str) -> float | None:
 def test_cumulative_counts_are_exported_as_what_they_grew_by() -> None:
     metrics = Metrics()
     telemetry = Telemetry(metrics, warn=lambda *_a: None, wall=lambda: 100.0)
-    telemetry.record(SyncResult(full=True), SNAPSHOT, pending=0, taken={})
+    telemetry.record(SyncResult(full=True), SNAPSHOT, taken={})
     later = replace(
         SNAPSHOT,
         operations={("add_service", "ok"): 5, ("add_dest", "error"): 1},
         restore_failures=1,
         draining=0,
     )
-    telemetry.record(SyncResult(full=False), later, pending=4, taken={})
+    telemetry.record(SyncResult(full=False), later, taken={})
     ops = "ipvsproxy_netlink_operations_total"
     assert _sample(metrics, ops, kind="add_service", outcome="ok") == 5.0
     assert _sample(metrics, ops, kind="add_dest", outcome="error") == 1.0
     assert _sample(metrics, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total") == 1.0
     assert _sample(metrics, "ipvsproxy_state_file_write_failures_total") == 1.0
     assert _sample(metrics, "ipvsproxy_graceful_termination_real_servers") == 0.0
-    assert _sample(metrics, "kubeproxy_sync_proxy_rules_service_changes_pending") == 4.0
     assert _sample(metrics, "ipvsproxy_failed_services") == 1.0
 
 
@@ -53,20 +53,20 @@ def test_a_sync_that_ran_to_its_end_is_done_at_the_wall_time() -> None:
     warnings: list[tuple[str, str, str]] = []
     telemetry = Telemetry(metrics, warn=lambda *a: warnings.append(a), wall=lambda: 100.0)
     result = SyncResult(full=False, failed={"default/bad": "refused", "": "a deleted one"})
-    taken = {"default/web": 97.5, "default/bad": None}
-    assert telemetry.record(result, SNAPSHOT, pending=0, taken=taken) == 100.0
+    taken = {"default/web": [Trigger(97.5, 4), Trigger(99.0, 4)], "default/bad": []}
+    assert telemetry.record(result, SNAPSHOT, taken=taken) == 100.0
     assert warnings == [("default/bad", "FailedToProgram", "refused")]  # deleted: no Event
     assert _sample(metrics, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") == 100.0
     latency = "kubeproxy_network_programming_duration_seconds"
-    assert _sample(metrics, f"{latency}_count") == 1.0  # the change with a trigger time
-    assert _sample(metrics, f"{latency}_sum") == 2.5
+    assert _sample(metrics, f"{latency}_count") == 2.0  # each change with a trigger time
+    assert _sample(metrics, f"{latency}_sum") == 3.5
 
 
 def test_a_sync_that_did_not_run_to_its_end_is_not_done() -> None:
     metrics = Metrics()
     telemetry = Telemetry(metrics, warn=lambda *_a: None, wall=lambda: 100.0)
     result = SyncResult(full=True, errors=["iptables-restore: failed"], complete=False)
-    assert telemetry.record(result, SNAPSHOT, pending=0, taken={"default/web": 97.5}) is None
+    assert telemetry.record(result, SNAPSHOT, taken={"default/web": [Trigger(97.5, 4)]}) is None
     assert _sample(metrics, "ipvsproxy_sync_errors_total") == 1.0
     assert _sample(metrics, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") == 0.0
     assert _sample(metrics, "kubeproxy_network_programming_duration_seconds_count") == 0.0
@@ -78,7 +78,7 @@ def test_no_local_endpoints_are_set_for_each_policy_and_served_family() -> None:
     metrics = Metrics()
     telemetry = Telemetry(metrics, warn=lambda *_a: None, families=(4, 6))
     counts = {("external", 4): 2, ("internal", 6): 1}
-    telemetry.record(SyncResult(full=True), replace(SNAPSHOT, no_local_endpoints=counts), 0, {})
+    telemetry.record(SyncResult(full=True), replace(SNAPSHOT, no_local_endpoints=counts), {})
     name = "kubeproxy_sync_proxy_rules_no_local_endpoints_total"
     got = {
         (policy, family): _sample(metrics, name, traffic_policy=policy, ip_family=family)
