@@ -91,7 +91,7 @@ class Proxy:
         """A Service was marked (called under ``changes.cond``)."""
         if self.synced():  # upstream queues nothing before its initial lists are done
             self.health.queued()
-        self.metrics.last_queued.set(time.time())
+        self.telemetry.queued()
         self.telemetry.changes_pending(*self.changes.pending_changes())
 
     def on_service(self, key: str, _old: Kept | None, new: Kept | None) -> None:
@@ -198,6 +198,7 @@ class Proxy:
     def run(self) -> None:
         """The sync runner: until stopped."""
         self.health.updated()  # as upstream's SyncLoop: healthy while the lists come in
+        self.telemetry.queued()  # and "last change queued" synthesized as the lists come in
         if not self.runner.wait_until(self.synced):
             return
         with self.changes.cond:

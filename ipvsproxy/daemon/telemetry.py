@@ -40,6 +40,12 @@ class Telemetry:
         self.metrics.service_pending.set(services)
         self.metrics.endpoint_pending.set(slice_changes)
 
+    def queued(self) -> None:
+        """A change was queued: upstream's proxier of each family sets its gauge."""
+        now = self.wall()
+        for family in self.families:
+            self.metrics.last_queued.labels(FAMILY_LABELS[family]).set(now)
+
     def record(
         self,
         result: SyncResult,
@@ -48,49 +54,28 @@ class Telemetry:
     ) -> float | None:
         """Record a sync that handled the Services in ``taken`` (-> the trigger times of their
         slice changes). Returns the wall time the sync counts as done at when it ran
-        to its end (upstream's proxier then marks itself updated), else None."""
-        metrics = self.metrics
-        metrics.sync_duration.observe(result.seconds)
-        totals = dict(snapshot.operations)
-        totals["restore", "failures"] = snapshot.restore_failures
-        totals["state_file", "failures"] = snapshot.state_write_failures
-        for (kind, outcome), count in totals.items():
-            delta = count - self._reported.get((kind, outcome), 0)
-            if delta <= 0:
-                continue
-            if outcome == "failures":
-                failures = (
-                    metrics.restore_failures if kind == "restore" else metrics.state_write_failures
-                )
-                failures.inc(delta)
-            else:
-                metrics.netlink_ops.labels(kind, outcome).inc(delta)
-        self._reported = totals
-        metrics.draining.set(snapshot.draining)
+        to its end (upstream's proxier then marks itself updated), else None.
+
+        The one sync stands for a sync of each family's proxier: its duration and, when it
+        ran to its end, its time are recorded under every family served."""
         for family in self.families:
-            label = FAMILY_LABELS[family]
-            for policy in TRAFFIC_POLICIES:
-                count = snapshot.no_local_endpoints.get((policy, family), 0)
-                metrics.no_local_endpoints.labels(policy, label).set(count)
-        metrics.failed_services.set(snapshot.failed_services)
-        metrics.kernel_problems.set(snapshot.kernel_problems)
-        for service, why in sorted(result.failed.items()):
-            log.warning("cannot program service %s: %s", service or "(deleted)", why)
-            if service:
-                self.warn(service, "FailedToProgram", why)
-        if result.errors:
-            metrics.sync_errors.inc()
-            for err in result.errors:
-                log.error("sync: %s", err)
+            self.metrics.sync_duration.labels(FAMILY_LABELS[family]).observe(result.seconds)
+        self._counters(snapshot)
+        self._gauges(snapshot)
+        self._report(result)
         if not result.complete:
             return None  # upstream's sync whose iptables-restore failed: not marked updated
         # As upstream, a sync that ran to its end is done, per-object failures included (they
         # are reported above).
         now = self.wall()
-        metrics.last_sync.set(now)
+        for family in self.families:
+            self.metrics.last_sync.labels(FAMILY_LABELS[family]).set(now)
         for triggers in taken.values():
             for trigger in triggers:
-                metrics.programming_duration.observe(max(0.0, now - trigger.at))
+                latency = max(0.0, now - trigger.at)
+                self.metrics.programming_duration.labels(FAMILY_LABELS[trigger.family]).observe(
+                    latency
+                )
         log.info(
             "%s sync: %d writes in %.3f s, %d services changed",
             "full" if result.full else "incremental",
@@ -99,3 +84,44 @@ class Telemetry:
             len(taken),
         )
         return now
+
+    def _counters(self, snapshot: Snapshot) -> None:
+        """Add to each counter what the snapshot's cumulative count grew by since the last."""
+        metrics = self.metrics
+        totals: dict[tuple[str, str], int] = dict(snapshot.operations)
+        for family, count in snapshot.restore_failures.items():
+            totals["restore", FAMILY_LABELS[family]] = count
+        totals["state_file", "failures"] = snapshot.state_write_failures
+        for (kind, outcome), count in totals.items():
+            delta = count - self._reported.get((kind, outcome), 0)
+            if delta <= 0:
+                continue
+            if kind == "restore":
+                metrics.restore_failures.labels(outcome).inc(delta)
+            elif kind == "state_file":
+                metrics.state_write_failures.inc(delta)
+            else:
+                metrics.netlink_ops.labels(kind, outcome).inc(delta)
+        self._reported = totals
+
+    def _gauges(self, snapshot: Snapshot) -> None:
+        metrics = self.metrics
+        metrics.draining.set(snapshot.draining)
+        for family in self.families:
+            label = FAMILY_LABELS[family]
+            for policy in TRAFFIC_POLICIES:
+                count = snapshot.no_local_endpoints.get((policy, family), 0)
+                metrics.no_local_endpoints.labels(policy, label).set(count)
+        metrics.failed_services.set(snapshot.failed_services)
+        metrics.kernel_problems.set(snapshot.kernel_problems)
+
+    def _report(self, result: SyncResult) -> None:
+        """A log line and a Warning Event per Service that failed, and the sync's errors."""
+        for service, why in sorted(result.failed.items()):
+            log.warning("cannot program service %s: %s", service or "(deleted)", why)
+            if service:
+                self.warn(service, "FailedToProgram", why)
+        if result.errors:
+            self.metrics.sync_errors.inc()
+            for err in result.errors:
+                log.error("sync: %s", err)

@@ -46,6 +46,7 @@ from ipvsproxy.dataplane.steps import (
 )
 from ipvsproxy.kernel.backends import Backends as Backends
 from ipvsproxy.kernel.errors import ApplyError
+from ipvsproxy.kernel.iptables import restore_failures_by_family
 from ipvsproxy.kernel.sysctl import expected, not_as_expected, required
 
 log = logging.getLogger("ipvsproxy")
@@ -471,7 +472,7 @@ class Dataplane:
                     operations[kind, outcome] = operations.get((kind, outcome), 0) + n
         return Snapshot(
             operations=operations,
-            restore_failures=self.backends.iptables.restore_failures,
+            restore_failures=restore_failures_by_family(self.backends.iptables),
             state_write_failures=self.state_write_failures,
             draining=len(self.state.draining_since),
             no_local_endpoints=Counter(

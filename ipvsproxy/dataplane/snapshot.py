@@ -18,7 +18,7 @@ class Snapshot:
     started; the reader computes deltas."""
 
     operations: Mapping[tuple[str, str], int]  # (operation, "ok" | "error") -> count
-    restore_failures: int  # iptables-restore runs that failed
+    restore_failures: Mapping[int, int]  # family -> its iptables-restore runs that failed
     state_write_failures: int  # state file writes that failed (disk full, read-only)
     draining: int  # real servers at weight 0 waiting for their connections to end
     # (traffic policy, family) -> Services with endpoints but none on this node for it

@@ -1,7 +1,13 @@
-"""Prometheus metrics with upstream kube-proxy's names, plus ipvsproxy's own."""
+"""Prometheus metrics: upstream kube-proxy's in IPVS mode (pkg/proxy/metrics/metrics.go:
+names, types, label names and values, buckets and help), the process's, and ipvsproxy's own
+(``ipvsproxy_*``). The README's "Metrics" section lists every series.
+
+Invariants: no ``*_created`` series (upstream's Go client has none); a histogram's ``le``
+values are written as Go writes them (``le="1"``, not ``le="1.0"``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from prometheus_client import (
@@ -10,76 +16,111 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    disable_created_metrics,
     generate_latest,
 )
 
 from ipvsproxy.servers.healthz import Route, serve_routes
 from ipvsproxy.servers.httpserver import HTTPServer
 
+disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide: every registry
+
 # Upstream's ip_family label values (v1.IPFamily)
 FAMILY_LABELS = {4: "IPv4", 6: "IPv6"}
 TRAFFIC_POLICIES = ("internal", "external")  # upstream's traffic_policy label values
 
-_BUCKETS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024,
-            2.048, 4.096, 8.192, 16.384)  # fmt: skip
+# metrics.ExponentialBuckets(0.001, 2, 15)
+SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
+# metrics.MergeBuckets(LinearBuckets(0.25, 0.25, 2), LinearBuckets(1, 1, 59),
+# LinearBuckets(60, 5, 12), LinearBuckets(120, 30, 7)); MergeBuckets starts with a 0 bucket.
+PROGRAMMING_BUCKETS = tuple(
+    float(b) for b in (0, 0.25, 0.5, *range(1, 60), *range(60, 120, 5), *range(120, 301, 30))
+)
+
+
+def _alpha(text: str) -> str:
+    """Help as component-base writes it for an ALPHA metric."""
+    return f"[ALPHA] {text}"
 
 
 class Metrics:
+    """The daemon's registry and its metrics. Upstream's series that carry ``ip_family`` are
+    filled by ``daemon.telemetry`` for every family the one proxier serves."""
+
     def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
+        self.registry = CollectorRegistry()
+        self._sync_metrics(self.registry)
+        self._change_metrics(self.registry)
+        self._ipvs_mode_metrics(self.registry)
+        self._own_metrics(self.registry)
+
+    def _sync_metrics(self, r: CollectorRegistry) -> None:
+        family = ["ip_family"]
         self.sync_duration = Histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds",
-            "SyncProxyRules latency in seconds",
-            buckets=_BUCKETS,
+            _alpha("SyncProxyRules latency in seconds"),
+            family,
+            buckets=SYNC_BUCKETS,
             registry=r,
         )
         self.programming_duration = Histogram(
             "kubeproxy_network_programming_duration_seconds",
-            "In Cluster Network Programming Latency in seconds",
-            buckets=(0.25, 0.5, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15, 20, 30, 45, 60, 120, 300),
+            _alpha("In Cluster Network Programming Latency in seconds"),
+            family,
+            buckets=PROGRAMMING_BUCKETS,
             registry=r,
         )
         self.last_sync = Gauge(
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-            "The last time proxy rules were successfully synced",
+            _alpha("The last time proxy rules were successfully synced"),
+            family,
             registry=r,
         )
         self.last_queued = Gauge(
             "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-            "The last time a sync of proxy rules was queued",
-            registry=r,
-        )
-        self.endpoint_pending = Gauge(
-            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
-            "Pending proxy rules Endpoint changes",
-            registry=r,
-        )
-        self.endpoint_total = Counter(
-            "kubeproxy_sync_proxy_rules_endpoint_changes",
-            "Cumulative proxy rules Endpoint changes",
-            registry=r,
-        )
-        self.service_pending = Gauge(
-            "kubeproxy_sync_proxy_rules_service_changes_pending",
-            "Pending proxy rules Service changes",
-            registry=r,
-        )
-        self.service_total = Counter(
-            "kubeproxy_sync_proxy_rules_service_changes",
-            "Cumulative proxy rules Service changes",
+            _alpha("The last time a sync of proxy rules was queued"),
+            family,
             registry=r,
         )
         self.no_local_endpoints = Gauge(
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-            "Number of services with a Local traffic policy and no endpoints",
+            _alpha("Number of services with a Local traffic policy and no endpoints"),
             ["traffic_policy", "ip_family"],
             registry=r,
         )
-        self.restore_failures = Counter(
-            "kubeproxy_sync_proxy_rules_iptables_restore_failures",
-            "Cumulative proxy iptables restore failures",
+
+    def _change_metrics(self, r: CollectorRegistry) -> None:
+        self.endpoint_pending = Gauge(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            _alpha("Pending proxy rules Endpoint changes"),
             registry=r,
         )
+        self.endpoint_total = Counter(
+            "kubeproxy_sync_proxy_rules_endpoint_changes",
+            _alpha("Cumulative proxy rules Endpoint changes"),
+            registry=r,
+        )
+        self.service_pending = Gauge(
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            _alpha("Pending proxy rules Service changes"),
+            registry=r,
+        )
+        self.service_total = Counter(
+            "kubeproxy_sync_proxy_rules_service_changes",
+            _alpha("Cumulative proxy rules Service changes"),
+            registry=r,
+        )
+
+    def _ipvs_mode_metrics(self, r: CollectorRegistry) -> None:
+        """What RegisterMetrics adds for IPVS mode."""
+        self.restore_failures = Counter(
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures",
+            _alpha("Cumulative proxy iptables restore failures"),
+            ["ip_family"],
+            registry=r,
+        )
+
+    def _own_metrics(self, r: CollectorRegistry) -> None:
         self.netlink_ops = Counter(
             "ipvsproxy_netlink_operations",
             "Kernel write operations by kind and outcome",
@@ -110,12 +151,25 @@ class Metrics:
             registry=r,
         )
 
+    def exposition(self) -> bytes:
+        """The registry in Prometheus' text format, ``le`` values as Go writes them."""
+        return go_bucket_bounds(generate_latest(self.registry))
+
     def serve(self, address: str, extra: Mapping[str, Route]) -> HTTPServer:
         """/metrics, and ``extra`` routes (the daemon's /status) on the same local address, as
         upstream serves /configz and /proxyMode beside its metrics. The routes run on two
         workers, as /status waits for a running sync."""
 
         def metrics() -> tuple[int, str, bytes]:
-            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+            return 200, CONTENT_TYPE_LATEST, self.exposition()
 
         return serve_routes(address, {"/metrics": metrics, **extra}, "metrics", workers=2)
+
+
+_INTEGRAL_LE = re.compile(rb'le="(-?[0-9]+)\.0"')
+
+
+def go_bucket_bounds(text: bytes) -> bytes:
+    """``le="1.0"`` as Go's strconv writes it, ``le="1"`` (the only bounds prometheus_client
+    writes otherwise than Go: an integral value; its exponents already match Go's)."""
+    return _INTEGRAL_LE.sub(rb'le="\1"', text)
