@@ -195,7 +195,8 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
     proxy.health.unserved = unserved
     servers: list[tuple[str, Callable[[], object]]] = []
     if cfg.healthz_bind_address:
-        servers.append(("health", lambda: serve_health(proxy.health, cfg.healthz_bind_address)))
+        address, answered = cfg.healthz_bind_address, metrics.health_answered
+        servers.append(("health", lambda: serve_health(proxy.health, address, answered)))
     servers.append(("metrics", lambda: serve_metrics(cfg, metrics, proxy)))
     for what, start in servers:
         if not start_server(what, start, cfg.bind_address_hard_fail, proxy.stop):

@@ -51,6 +51,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._sync_metrics(self.registry)
         self._change_metrics(self.registry)
+        self._health_metrics(self.registry)
         self._ipvs_mode_metrics(self.registry)
         self._own_metrics(self.registry)
 
@@ -119,6 +120,25 @@ class Metrics:
             ["ip_family"],
             registry=r,
         )
+
+    def _health_metrics(self, r: CollectorRegistry) -> None:
+        self.healthz_total = Counter(
+            "kubeproxy_proxy_healthz",
+            _alpha("Cumulative proxy healthz HTTP status"),
+            ["code"],
+            registry=r,
+        )
+        self.livez_total = Counter(
+            "kubeproxy_proxy_livez",
+            _alpha("Cumulative proxy livez HTTP status"),
+            ["code"],
+            registry=r,
+        )
+
+    def health_answered(self, probe: str, code: int) -> None:
+        """/healthz or /livez (``probe``) answered ``code``."""
+        counter = self.healthz_total if probe == "healthz" else self.livez_total
+        counter.labels(str(code)).inc()
 
     def _own_metrics(self, r: CollectorRegistry) -> None:
         self.netlink_ops = Counter(
