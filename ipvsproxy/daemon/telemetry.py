@@ -60,6 +60,10 @@ class Telemetry:
         ran to its end, its time are recorded under every family served."""
         for family in self.families:
             self.metrics.sync_duration.labels(FAMILY_LABELS[family]).observe(result.seconds)
+        for run in result.conntrack:  # upstream's conntrack reconciler, per family
+            label = FAMILY_LABELS[run.family]
+            self.metrics.conntrack_duration.labels(label).observe(run.seconds)
+            self.metrics.conntrack_deleted.labels(label).inc(run.deleted)
         self._counters(snapshot)
         self._gauges(snapshot)
         self._report(result)

@@ -32,7 +32,7 @@ from ipvsproxy.core.virtual_servers import DestKey, Seen, ServiceKey
 from ipvsproxy.dataplane.blame import Blame
 from ipvsproxy.dataplane.cleanup import remove_ours
 from ipvsproxy.dataplane.differ import differing
-from ipvsproxy.dataplane.drain import StaleUdpFlows, drain, expired
+from ipvsproxy.dataplane.drain import FlushRun, StaleUdpFlows, drain, expired
 from ipvsproxy.dataplane.observed import Observed, read_kernel, record_ipvs, reread
 from ipvsproxy.dataplane.retries import Failure, Failures
 from ipvsproxy.dataplane.snapshot import DesiredView, Snapshot
@@ -64,6 +64,7 @@ class SyncResult:
     seconds: float = 0.0
     sysctls_set: list[str] = field(default_factory=list)  # kernel settings this sync changed
     failed: dict[str, str] = field(default_factory=dict)  # Services that failed, and why
+    conntrack: list[FlushRun] = field(default_factory=list)  # each family's stale UDP flush
     # The sync ran to its end: upstream's proxier marks itself updated (healthy) then. Only
     # rules that could not be written stop that, as upstream's failed iptables-restore does.
     complete: bool = True
@@ -402,7 +403,7 @@ class Dataplane:
                     blame=blame,
                 ),
             ),
-            ("", lambda: self.stale_udp.flush(backends, desired, blame)),
+            ("", lambda: result.conntrack.extend(self.stale_udp.flush(backends, desired, blame))),
         ]
         unread = self.observed.unread
         for part, step in steps:

@@ -120,6 +120,19 @@ class Metrics:
             ["ip_family"],
             registry=r,
         )
+        self.conntrack_duration = Histogram(
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+            _alpha("ReconcileConntrackFlowsLatency latency in seconds"),
+            ["ip_family"],
+            buckets=SYNC_BUCKETS,
+            registry=r,
+        )
+        self.conntrack_deleted = Counter(
+            "kubeproxy_conntrack_reconciler_deleted_entries",
+            _alpha("Cumulative conntrack flows deleted by conntrack reconciler"),
+            ["ip_family"],
+            registry=r,
+        )
 
     def _health_metrics(self, r: CollectorRegistry) -> None:
         self.healthz_total = Counter(

@@ -10,6 +10,7 @@ from dataclasses import replace
 from ipvsproxy.daemon.changes import Trigger
 from ipvsproxy.daemon.telemetry import Telemetry
 from ipvsproxy.dataplane.dataplane import SyncResult
+from ipvsproxy.dataplane.drain import FlushRun
 from ipvsproxy.dataplane.snapshot import Snapshot
 from ipvsproxy.servers.metrics import Metrics
 
@@ -136,3 +137,17 @@ def test_the_exposition_has_upstreams_buckets_and_no_created_series() -> None:
     bounds = re.findall(rf'^{sync}{{ip_family="IPv4",le="([^"]+)"}}', text, re.M)
     assert bounds == [str(0.001 * 2**i) for i in range(15)] + ["+Inf"]
     assert bounds[-2] == "16.384"
+
+
+def test_each_familys_stale_udp_flush_is_a_conntrack_reconciler_run() -> None:
+    metrics = Metrics()
+    telemetry = Telemetry(metrics, warn=lambda *_a: None, families=(4, 6))
+    runs = [FlushRun(4, 0.003, 2), FlushRun(6, 0.0005, 0)]
+    telemetry.record(SyncResult(full=False, conntrack=runs), SNAPSHOT, {})
+    hist = "kubeproxy_conntrack_reconciler_sync_duration_seconds"
+    deleted = "kubeproxy_conntrack_reconciler_deleted_entries_total"
+    assert _sample(metrics, f"{hist}_count", ip_family="IPv4") == 1.0
+    assert _sample(metrics, f"{hist}_bucket", ip_family="IPv4", le="0.004") == 1.0
+    assert _sample(metrics, f"{hist}_bucket", ip_family="IPv6", le="0.001") == 1.0
+    assert _sample(metrics, deleted, ip_family="IPv4") == 2.0
+    assert _sample(metrics, deleted, ip_family="IPv6") == 0.0  # upstream adds 0 too
