@@ -7,7 +7,9 @@ values are written as Go writes them (``le="1"``, not ``le="1.0"``)."""
 
 from __future__ import annotations
 
+import platform
 import re
+import sys
 from collections.abc import Mapping
 
 from prometheus_client import (
@@ -15,13 +17,18 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
 
+from ipvsproxy import __version__
 from ipvsproxy.servers.healthz import Route, serve_routes
 from ipvsproxy.servers.httpserver import HTTPServer
+from ipvsproxy.servers.process_metrics import ProcessExtras
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide: every registry
 
@@ -54,6 +61,7 @@ class Metrics:
         self._health_metrics(self.registry)
         self._ipvs_mode_metrics(self.registry)
         self._own_metrics(self.registry)
+        self._process_metrics(self.registry)
 
     def _sync_metrics(self, r: CollectorRegistry) -> None:
         family = ["ip_family"]
@@ -184,6 +192,23 @@ class Metrics:
             registry=r,
         )
 
+    def _process_metrics(self, r: CollectorRegistry) -> None:
+        """The process_* series of upstream's Go client (prometheus_client's and the rest),
+        python_* where upstream has go_*, and upstream's kubernetes_build_info, ipvsproxy's."""
+        ProcessCollector(registry=r)
+        r.register(ProcessExtras())
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        info = build_info()
+        Gauge(
+            "kubernetes_build_info",
+            "[BETA] A metric with a constant '1' value labeled by major, minor, git version, git "
+            "commit, git tree state, build date, Go version, and compiler from which Kubernetes "
+            "was built, and platform on which it is running.",
+            list(info),
+            registry=r,
+        ).labels(**info).set(1)
+
     def exposition(self) -> bytes:
         """The registry in Prometheus' text format, ``le`` values as Go writes them."""
         return go_bucket_bounds(generate_latest(self.registry))
@@ -197,6 +222,29 @@ class Metrics:
             return 200, CONTENT_TYPE_LATEST, self.exposition()
 
         return serve_routes(address, {"/metrics": metrics, **extra}, "metrics", workers=2)
+
+
+_GO_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386"}
+
+
+def build_info() -> dict[str, str]:
+    """kubernetes_build_info's labels, filled with ipvsproxy's version (git_version
+    ``v<version>``) and runtime: no Go (go_version empty), the Python implementation as the
+    compiler, ``GOOS/GOARCH`` as Go names them. Commit, tree state and build date are not
+    recorded in the package: empty."""
+    major, minor = ([*__version__.split("."), ""])[:2]
+    machine = platform.machine()
+    return {
+        "major": major,
+        "minor": minor,
+        "git_version": f"v{__version__}",
+        "git_commit": "",
+        "git_tree_state": "",
+        "build_date": "",
+        "go_version": "",
+        "compiler": platform.python_implementation().lower(),
+        "platform": f"{sys.platform}/{_GO_ARCH.get(machine, machine)}",
+    }
 
 
 _INTEGRAL_LE = re.compile(rb'le="(-?[0-9]+)\.0"')
