@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ipvsproxy.config import ProxyConfig
+from ipvsproxy.config.render import configz
 from ipvsproxy.core.node_addresses import FALLBACK_NODE_IP, node_ip
 from ipvsproxy.core.plan import PlanConfig
 from ipvsproxy.core.service_ports import LABEL_SERVICE_NAME
@@ -31,7 +32,7 @@ from ipvsproxy.kube.informer import Informer
 from ipvsproxy.servers.healthz import json_route, serve_routes
 from ipvsproxy.servers.healthz import serve as serve_health
 from ipvsproxy.servers.httpserver import HTTPServer
-from ipvsproxy.servers.metrics import Metrics
+from ipvsproxy.servers.metrics import Metrics, upstream_routes
 
 log = logging.getLogger("ipvsproxy")
 
@@ -98,12 +99,14 @@ def api_client(cfg: ProxyConfig) -> Any:
 
 
 def serve_metrics(cfg: ProxyConfig, metrics: Metrics, proxy: Proxy) -> list[HTTPServer]:
-    """/metrics, and /status next to it or on its own address (--status-bind-address)."""
+    """/metrics with upstream's /proxyMode, /configz and /healthz, and /status next to it or
+    on its own address (--status-bind-address)."""
     status = {"/status": json_route(lambda: (200, proxy.status_document()))}
     servers = []
     apart = cfg.status_bind_address not in (None, cfg.metrics_bind_address)
     if cfg.metrics_bind_address:
-        servers.append(metrics.serve(cfg.metrics_bind_address, {} if apart else status))
+        routes = {**upstream_routes("ipvs", configz(cfg)), **({} if apart else status)}
+        servers.append(metrics.serve(cfg.metrics_bind_address, routes))
     if apart and cfg.status_bind_address:
         servers.append(serve_routes(cfg.status_bind_address, status, "status", workers=2))
     return servers

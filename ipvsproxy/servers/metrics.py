@@ -7,10 +7,12 @@ values are written as Go writes them (``le="1"``, not ``le="1.0"``)."""
 
 from __future__ import annotations
 
+import json
 import platform
 import re
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -214,14 +216,30 @@ class Metrics:
         return go_bucket_bounds(generate_latest(self.registry))
 
     def serve(self, address: str, extra: Mapping[str, Route]) -> HTTPServer:
-        """/metrics, and ``extra`` routes (the daemon's /status) on the same local address, as
-        upstream serves /configz and /proxyMode beside its metrics. The routes run on two
-        workers, as /status waits for a running sync."""
+        """/metrics, and ``extra`` routes (``upstream_routes``, the daemon's /status) on the
+        same local address. The routes run on two workers, as /status waits for a running
+        sync."""
 
         def metrics() -> tuple[int, str, bytes]:
             return 200, CONTENT_TYPE_LATEST, self.exposition()
 
         return serve_routes(address, {"/metrics": metrics, **extra}, "metrics", workers=2)
+
+
+CONFIGZ_NAME = "kubeproxy.config.k8s.io"  # upstream's configz.New(kubeproxyconfig.GroupName)
+_TEXT = "text/plain; charset=utf-8"
+
+
+def upstream_routes(mode: str, config: Mapping[str, Any]) -> dict[str, Route]:
+    """What upstream's metrics server serves beside /metrics: /proxyMode (the mode),
+    /configz (every registered component configuration as JSON, by its name: upstream's
+    one, the KubeProxyConfiguration ``config``) and /healthz (its mux's ping: "ok")."""
+    configs = json.dumps({CONFIGZ_NAME: config}).encode()
+    return {
+        "/proxyMode": lambda: (200, _TEXT, mode.encode()),
+        "/configz": lambda: (200, "application/json", configs),
+        "/healthz": lambda: (200, _TEXT, b"ok"),
+    }
 
 
 _GO_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386"}
