@@ -13,6 +13,9 @@ from ipvsproxy.servers.metrics import FAMILY_LABELS, TRAFFIC_POLICIES, Metrics
 
 log = logging.getLogger("ipvsproxy")
 
+# Keys of the failures among the operations' counts (no operation is named so)
+_RESTORE_FAILURES, _STATE_FILE_FAILURES = " restore failures", " state file failures"
+
 
 class Telemetry:
     """Records each sync: its own figures from its ``SyncResult``, the dataplane's from its
@@ -92,17 +95,18 @@ class Telemetry:
     def _counters(self, snapshot: Snapshot) -> None:
         """Add to each counter what the snapshot's cumulative count grew by since the last."""
         metrics = self.metrics
+        # (operation, outcome) -> count; the failures under keys no operation has
         totals: dict[tuple[str, str], int] = dict(snapshot.operations)
         for family, count in snapshot.restore_failures.items():
-            totals["restore", FAMILY_LABELS[family]] = count
-        totals["state_file", "failures"] = snapshot.state_write_failures
+            totals[_RESTORE_FAILURES, FAMILY_LABELS[family]] = count
+        totals[_STATE_FILE_FAILURES, ""] = snapshot.state_write_failures
         for (kind, outcome), count in totals.items():
             delta = count - self._reported.get((kind, outcome), 0)
             if delta <= 0:
                 continue
-            if kind == "restore":
+            if kind == _RESTORE_FAILURES:
                 metrics.restore_failures.labels(outcome).inc(delta)
-            elif kind == "state_file":
+            elif kind == _STATE_FILE_FAILURES:
                 metrics.state_write_failures.inc(delta)
             else:
                 metrics.netlink_ops.labels(kind, outcome).inc(delta)

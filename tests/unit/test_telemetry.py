@@ -151,3 +151,20 @@ def test_each_familys_stale_udp_flush_is_a_conntrack_reconciler_run() -> None:
     assert _sample(metrics, f"{hist}_bucket", ip_family="IPv6", le="0.001") == 1.0
     assert _sample(metrics, deleted, ip_family="IPv4") == 2.0
     assert _sample(metrics, deleted, ip_family="IPv6") == 0.0  # upstream adds 0 too
+
+
+def test_restores_are_operations_and_their_failures_are_counted_apart() -> None:
+    metrics = Metrics()
+    telemetry = Telemetry(metrics, warn=lambda *_a: None, families=(4, 6))
+    snapshot = replace(
+        SNAPSHOT,
+        operations={("restore", "ok"): 2, ("restore", "error"): 1},
+        restore_failures={4: 0, 6: 1},
+    )
+    telemetry.record(SyncResult(full=True), snapshot, {})
+    ops = "ipvsproxy_netlink_operations_total"
+    assert _sample(metrics, ops, kind="restore", outcome="ok") == 2.0
+    assert _sample(metrics, ops, kind="restore", outcome="error") == 1.0
+    restore = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
+    assert _sample(metrics, restore, ip_family="IPv6") == 1.0
+    assert _sample(metrics, restore, ip_family="ok") is None
