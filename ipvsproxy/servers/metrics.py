@@ -11,7 +11,7 @@ import json
 import platform
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -26,6 +26,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 
 from ipvsproxy import __version__
 from ipvsproxy.servers.healthz import Route, serve_routes
@@ -212,8 +213,9 @@ class Metrics:
         ).labels(**info).set(1)
 
     def exposition(self) -> bytes:
-        """The registry in Prometheus' text format, ``le`` values as Go writes them."""
-        return go_bucket_bounds(generate_latest(self.registry))
+        """The registry in Prometheus' text format as Go's client writes it: no family without
+        a series, ``le`` values as Go writes them."""
+        return go_bucket_bounds(generate_latest(_WithSeries(self.registry)))
 
     def serve(self, address: str, extra: Mapping[str, Route]) -> HTTPServer:
         """/metrics, and ``extra`` routes (``upstream_routes``, the daemon's /status) on the
@@ -263,6 +265,18 @@ def build_info() -> dict[str, str]:
         "compiler": platform.python_implementation().lower(),
         "platform": f"{sys.platform}/{_GO_ARCH.get(machine, machine)}",
     }
+
+
+class _WithSeries(CollectorRegistry):
+    """``source``'s families that have a series (a labelled one has none until its first
+    label values are used)."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        super().__init__(auto_describe=False)
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        return (family for family in self.source.collect() if family.samples)
 
 
 _INTEGRAL_LE = re.compile(rb'le="(-?[0-9]+)\.0"')

@@ -110,3 +110,11 @@ def test_the_go_process_series_read_procfs_as_upstreams_collector(tmp_path: Path
     names = {s.name for f in ProcessExtras(tmp_path / "gone").collect() for s in f.samples}
     assert names == {"process_virtual_memory_max_bytes"}  # no netstat: left out
     assert UNLIMITED == 2**64 - 1
+
+
+def test_a_family_without_series_is_not_exposed() -> None:
+    """Go's client exposes a labelled family once it has a series; prometheus_client would
+    write its HELP and TYPE lines alone."""
+    text = Metrics().exposition().decode()
+    assert "kubeproxy_network_programming_duration_seconds" not in text
+    assert "kubeproxy_sync_proxy_rules_endpoint_changes_total 0" in text  # unlabelled: 0
