@@ -35,6 +35,7 @@ from lab.cluster.kube import (
 )
 from lab.net import netns
 from lab.net.topology import UNDERLAY_BRIDGE, Cluster, Node
+from tests.unit.metric_shapes import golden, shapes, upstream_names
 
 pytestmark = pytest.mark.kernel
 
@@ -161,8 +162,18 @@ def test_health_taint_and_metrics_follow_the_daemon(lab_cluster: Cluster, kube: 
         "kubeproxy_sync_proxy_rules_endpoint_changes_total",
         "kubeproxy_sync_proxy_rules_service_changes_total",
         'ipvsproxy_netlink_operations_total{kind="add_dest",outcome="ok"}',
+        'kubeproxy_proxy_healthz_total{code="200"}',
     ):
         assert name in text, name
+    # Upstream's series as the checked-in list has them, and upstream's other routes.
+    found = shapes(text)
+    expected = golden()
+    for name in upstream_names(found):
+        assert found[name].key() == expected[name].key(), name
+    assert "_created" not in text
+    assert http_get_from(n1.netns, "http://127.0.0.1:10249/proxyMode") == (200, "ipvs")
+    configz = json.loads(http_get_from(n1.netns, "http://127.0.0.1:10249/configz")[1])
+    assert configz["kubeproxy.config.k8s.io"]["kind"] == "KubeProxyConfiguration"
     core.delete_namespaced_service("web", "default")
     for node in lab_cluster.nodes:
         wait_for(
