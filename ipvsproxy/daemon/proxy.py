@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ipvsproxy.config import ProxyConfig
+from ipvsproxy.core.virtual_servers import ServiceKey
 from ipvsproxy.daemon.changes import ChangeTracker, Marks, slice_family, trigger_time
 from ipvsproxy.daemon.node import POD_CIDR_WAIT, NodeTracker
 from ipvsproxy.daemon.runner import SyncRunner
@@ -28,6 +29,7 @@ from ipvsproxy.process import gc_tuning
 from ipvsproxy.servers.healthz import HealthState
 from ipvsproxy.servers.metrics import Metrics
 from ipvsproxy.servers.service_health import HealthCheckServers
+from ipvsproxy.servers.traffic_metrics import PortName, port_names
 from ipvsproxy.status import view
 
 log = logging.getLogger("ipvsproxy")
@@ -222,6 +224,17 @@ class Proxy:
                 pending=pending,
                 invalid=self._invalid(),
             )
+
+    def port_names(self, wait: float = 1.0) -> dict[ServiceKey, PortName] | None:
+        """The Service port of each desired virtual server (the per-Service traffic series'
+        names); None when a sync holds the lock more than ``wait`` seconds (a scrape does not
+        wait for a long sync)."""
+        if not self.sync_lock.acquire(timeout=wait):
+            return None
+        try:
+            return port_names(self.dp.desired_view().identities)
+        finally:
+            self.sync_lock.release()
 
     def _invalid(self) -> dict[str, str]:
         """Services that cannot be planned, and those whose programming failed."""

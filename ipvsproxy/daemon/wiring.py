@@ -18,6 +18,7 @@ from ipvsproxy.config.render import configz
 from ipvsproxy.core.node_addresses import FALLBACK_NODE_IP, node_ip
 from ipvsproxy.core.plan import PlanConfig
 from ipvsproxy.core.service_ports import LABEL_SERVICE_NAME
+from ipvsproxy.core.virtual_servers import ServiceKey, Traffic
 from ipvsproxy.daemon.kernel_settings import apply_kernel_settings
 from ipvsproxy.daemon.node import node_facts, rules_config
 from ipvsproxy.daemon.proxy import Proxy
@@ -25,6 +26,7 @@ from ipvsproxy.dataplane.dataplane import Backends, Dataplane
 from ipvsproxy.dataplane.statefile import StateLock
 from ipvsproxy.kernel.addresses import AddressEvents
 from ipvsproxy.kernel.families import ipv6_unavailable
+from ipvsproxy.kernel.ipvs import IPVS
 from ipvsproxy.kube import client as kube_client
 from ipvsproxy.kube import slim
 from ipvsproxy.kube.events import EventRecorder
@@ -33,6 +35,7 @@ from ipvsproxy.servers.healthz import json_route, serve_routes
 from ipvsproxy.servers.healthz import serve as serve_health
 from ipvsproxy.servers.httpserver import HTTPServer
 from ipvsproxy.servers.metrics import Metrics, upstream_routes
+from ipvsproxy.servers.traffic_metrics import PortName, ServiceTraffic
 
 log = logging.getLogger("ipvsproxy")
 
@@ -110,6 +113,24 @@ def serve_metrics(cfg: ProxyConfig, metrics: Metrics, proxy: Proxy) -> list[HTTP
     if apart and cfg.status_bind_address:
         servers.append(serve_routes(cfg.status_bind_address, status, "status", workers=2))
     return servers
+
+
+def service_traffic(limit: int, proxy: Proxy) -> ServiceTraffic:
+    """Per-Service traffic series: IPVS's counters through a socket of their own (scrapes run
+    beside syncs), named by the daemon's desired state (as of the last sync when one is
+    running)."""
+    ipvs = IPVS()
+    names: dict[ServiceKey, PortName] = {}
+
+    def read() -> dict[ServiceKey, Traffic]:
+        return {key: traffic for key, (_vs, traffic) in ipvs.services_with_traffic().items()}
+
+    def named() -> dict[ServiceKey, PortName]:
+        nonlocal names
+        names = proxy.port_names() or names
+        return names
+
+    return ServiceTraffic(limit, read, named)
 
 
 def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[Informer]:
@@ -195,6 +216,8 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
     )
     metrics = Metrics()
     proxy = Proxy(cfg, dp, metrics)
+    if cfg.service_traffic_metrics:
+        metrics.registry.register(service_traffic(cfg.service_traffic_metrics, proxy))
     proxy.health.unserved = unserved
     servers: list[tuple[str, Callable[[], object]]] = []
     if cfg.healthz_bind_address:

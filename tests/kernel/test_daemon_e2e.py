@@ -48,7 +48,8 @@ def bind(check: Callable[[str], bool], ns: str) -> Callable[[], bool]:
 @pytest.fixture
 def kube(lab_cluster: Cluster, tmp_path: Path) -> Iterator[LabKube]:
     """API server and slice controller started; the test starts the daemons."""
-    lab = LabKube(lab_cluster, tmp_path, daemon_flags=("--watch-timeout", "3s"))
+    flags = ("--watch-timeout", "3s", "--service-traffic-metrics", "50")
+    lab = LabKube(lab_cluster, tmp_path, daemon_flags=flags)
     lab.start_apiserver()
     lab.start_controller()
     try:
@@ -171,6 +172,10 @@ def test_health_taint_and_metrics_follow_the_daemon(lab_cluster: Cluster, kube: 
     for name in upstream_names(found):
         assert found[name].key() == expected[name].key(), name
     assert "_created" not in text
+    # The opt-in per-Service traffic series counted the requests through n1's IPVS.
+    web = 'namespace="default",service="web",port="http",protocol="TCP"'
+    conns = re.search(rf"^ipvsproxy_service_connections_total{{{web}}} (\S+)$", text, re.M)
+    assert conns is not None and float(conns[1]) > 0, text
     assert http_get_from(n1.netns, "http://127.0.0.1:10249/proxyMode") == (200, "ipvs")
     configz = json.loads(http_get_from(n1.netns, "http://127.0.0.1:10249/configz")[1])
     assert configz["kubeproxy.config.k8s.io"]["kind"] == "KubeProxyConfiguration"
