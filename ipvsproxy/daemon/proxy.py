@@ -93,7 +93,7 @@ class Proxy:
         """A Service was marked (called under ``changes.cond``)."""
         if self.synced():  # upstream queues nothing before its initial lists are done
             self.health.queued()
-        self.telemetry.queued()
+            self.telemetry.queued()
         self.telemetry.changes_pending(*self.changes.pending_changes())
 
     def on_service(self, key: str, _old: Kept | None, new: Kept | None) -> None:

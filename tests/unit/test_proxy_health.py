@@ -76,10 +76,13 @@ def test_changes_before_the_initial_lists_are_done_queue_nothing(h: Node) -> Non
     proxy.informers = [Synced("services", done=False), Synced("endpointslices")]
     _add(proxy, "web", "10.96.0.10")
     assert _code(proxy, TIMEOUT + 1) == 200
+    queued = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds"
+    assert proxy.metrics.registry.get_sample_value(queued, {"ip_family": "IPv4"}) is None
     proxy.informers[0].synced.set()
     _add(proxy, "web2", "10.96.0.11")  # now it queues
     assert _code(proxy, 1) == 200
     assert _code(proxy, TIMEOUT + 1) == 503
+    assert proxy.metrics.registry.get_sample_value(queued, {"ip_family": "IPv4"}) > 0
 
 
 def test_the_runner_marks_the_proxy_updated_when_it_starts(h: Node) -> None:
