@@ -85,3 +85,12 @@ def upstream_names(all_shapes: dict[str, Shape]) -> set[str]:
     """The families of the kinds the golden file lists: kubeproxy_*, process_* and
     kubernetes_build_info."""
     return {n for n in all_shapes if n.startswith(("kubeproxy_", "process_", "kubernetes_build"))}
+
+
+def sample_value(text: str, name: str, **labels: str) -> float | None:
+    """The value of the series ``name`` with exactly ``labels`` (in any order) in ``text``."""
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m and m[1] == name and dict(_LABEL.findall(m[2] or "")) == labels:
+            return float(line.rsplit(" ", 1)[1])
+    return None

@@ -17,7 +17,7 @@ from ipvsproxy.dataplane.drain import FlushRun
 from ipvsproxy.dataplane.snapshot import Snapshot
 from ipvsproxy.servers.metrics import Metrics
 from ipvsproxy.servers.process_metrics import UNLIMITED, ProcessExtras
-from tests.unit.metric_shapes import Shape, golden, shapes, upstream_names
+from tests.unit.metric_shapes import Shape, golden, sample_value, shapes, upstream_names
 
 SNAPSHOT = Snapshot(
     operations={("add_dest", "ok"): 3},
@@ -118,3 +118,10 @@ def test_a_family_without_series_is_not_exposed() -> None:
     text = Metrics().exposition().decode()
     assert "kubeproxy_network_programming_duration_seconds" not in text
     assert "kubeproxy_sync_proxy_rules_endpoint_changes_total 0" in text  # unlabelled: 0
+
+
+def test_a_series_is_found_by_its_labels_in_any_order() -> None:
+    text = 'x_total{b="2",a="1"} 3.0\nx_total{a="1"} 4.0\n'
+    assert sample_value(text, "x_total", a="1", b="2") == 3.0
+    assert sample_value(text, "x_total", a="1") == 4.0
+    assert sample_value(text, "x_total", a="2") is None
