@@ -51,9 +51,10 @@ def _synced() -> bool:
 
 
 def _metric(name: str) -> float:
+    """The unlabelled series ``name``, or its IPv4 one (upstream's per-family series)."""
     with urllib.request.urlopen(f"http://{METRICS}/metrics", timeout=5) as resp:
         for line in resp.read().decode().splitlines():
-            if line.startswith(name + " "):
+            if line.startswith((f"{name} ", f'{name}{{ip_family="IPv4"}} ')):
                 return float(line.split()[-1])
     return 0.0
 

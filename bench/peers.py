@@ -303,7 +303,8 @@ def samples(ns: str) -> list[Sample] | None:
 
 def first_sync_done(ns: str) -> bool:
     """Every proxier's first sync ran to its end: kubeproxy_sync_proxy_rules_last_timestamp_seconds
-    (by ip_family for kube-proxy, one series for ipvsproxy) is set in every series."""
+    (by ip_family: one per proxier for kube-proxy, every served family's at once for
+    ipvsproxy) is set in every series."""
     name = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
     values = [s.value for s in samples(ns) or () if s.name == name]
     return bool(values) and min(values) > 0
@@ -317,8 +318,9 @@ def ipvsproxy_writes(ns: str) -> int:
 
 def own_sync_seconds(ns: str) -> dict[str, dict[str, float]] | None:
     """The proxy's own kubeproxy_sync_proxy_rules_duration_seconds histogram (count and sum
-    since it started) by IP family (kube-proxy labels it ``ip_family``, one per proxier it runs;
-    ipvsproxy's has no label: ""); None where it is not served."""
+    since it started) by IP family (``ip_family``: kube-proxy's one per proxier it runs,
+    ipvsproxy's one sync in each family it serves; "" for an unlabelled one, as ipvsproxy's
+    before issue 18); None where it is not served."""
     out: dict[str, dict[str, float]] = {}
     for s in samples(ns) or ():
         for part in ("count", "sum"):

@@ -57,6 +57,9 @@ class DropRealServers:
     def dests_with_traffic(self, key: ServiceKey) -> dict[DestKey, tuple[ObservedDest, Traffic]]:
         return self.ipvs.dests_with_traffic(key)
 
+    def read_timeouts(self) -> tuple[int, int, int]:
+        return self.ipvs.read_timeouts()
+
     def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
         self.ipvs.set_timeouts(tcp, tcp_fin, udp)
 

@@ -30,8 +30,9 @@ Where ipvsproxy differs from upstream, on purpose:
 
 The modules, from the bottom: ``proxy_config`` (``ProxyConfig``, ``ConfigError``), ``durations``
 (Go durations), ``file`` (a file's text to a mapping), ``settings`` (each setting's field, flags
-and checks), ``upstream_fields`` (every field upstream defines, used or not), ``flags``, and
-``assemble`` (``build`` and ``load``).
+and checks), ``upstream_fields`` (every field upstream defines, used or not), ``flags``,
+``assemble`` (``build`` and ``load``), and ``render`` (a configuration back in the file's
+terms, for ``/configz``).
 """
 
 from ipvsproxy.config.assemble import build, load

@@ -82,3 +82,29 @@ def go_duration_ns(orig: str, field: str) -> int:
         if total > _MAX_NS + (1 if negative else 0):
             invalid("overflow in duration")
     return -total if negative else total
+
+
+def go_duration(seconds: float) -> str:
+    """``seconds`` as Go's time.Duration.String writes it ("30s", "1m30s", "24h0m0s", "250ms",
+    "0s"), to the nanosecond."""
+    ns = round(seconds * 1e9)
+    sign, ns = ("-" if ns < 0 else ""), abs(ns)
+    if ns == 0:
+        return "0s"
+    if ns < 1_000_000_000:
+        for unit, size in (("ms", 1_000_000), ("\u00b5s", 1_000), ("ns", 1)):
+            if ns >= size:
+                return f"{sign}{_decimal(ns, size)}{unit}"
+    hours, rest = divmod(ns, 3_600_000_000_000)
+    minutes, rest = divmod(rest, 60_000_000_000)
+    text = f"{_decimal(rest, 1_000_000_000)}s"
+    if hours:
+        return f"{sign}{hours}h{minutes}m{text}"
+    return f"{sign}{minutes}m{text}" if minutes else f"{sign}{text}"
+
+
+def _decimal(n: int, unit: int) -> str:
+    """``n / unit`` (``unit`` a power of ten) without trailing zeros."""
+    whole, frac = divmod(n, unit)
+    digits = str(frac).rjust(len(str(unit)) - 1, "0").rstrip("0")
+    return f"{whole}.{digits}" if digits else str(whole)

@@ -66,6 +66,9 @@ class ProxyConfig:
     # ipvsproxy's own --ipvs-drain-timeout: how long a removed TCP real server may drain at
     # weight 0 before it is deleted with connections left; 0: no bound (upstream's behaviour).
     ipvs_drain_timeout: float = 900.0
+    # ipvsproxy's own --service-traffic-metrics: per-Service traffic series for at most this
+    # many Service ports; 0: none.
+    service_traffic_metrics: int = 0
     log_format: str = "text"
     verbosity: int = 0
     # One line per field or flag ipvsproxy ignores, or reads otherwise than upstream.

@@ -397,4 +397,7 @@ SETTINGS = (
     Setting("ipvs_drain_timeout", None, ("--ipvs-drain-timeout",), _duration,
             "how long a removed TCP real server drains at weight 0 before it is deleted with "
             "connections left (default 15m0s; 0: until it has none, as upstream)", "DURATION"),
+    Setting("service_traffic_metrics", None, ("--service-traffic-metrics",), _nonnegative_int32,
+            "export IPVS's connection, packet and byte counters per Service port, for at most "
+            "N ports (default 0: none)", "N"),
 )  # fmt: skip

@@ -91,7 +91,9 @@ class ServicePlan:
     bind: frozenset[str] = frozenset()
     members: Mapping[str, frozenset[str]] = field(default_factory=dict)
     out_filters: frozenset[OutFilter] = frozenset()
-    no_local_endpoints: int = 0  # ports with eTP/iTP Local and no local endpoint (metric)
+    # The traffic policies ("internal", "external") and families (4, 6) for which the
+    # Service has endpoints but none on this node (upstream's serviceNoLocalEndpoints sets)
+    no_local_endpoints: frozenset[tuple[str, int]] = frozenset()
     error: str | None = None  # why the Service could not be programmed
     warnings: tuple[str, ...] = ()  # what of it was left out, and why (the rest is planned)
     created: str = ""  # the Service's creationTimestamp, normalised (who had an address first)
@@ -111,7 +113,7 @@ class _Builder:
         self.bind: set[str] = set()
         self.members: defaultdict[str, set[str]] = defaultdict(set)
         self.out_filters: set[OutFilter] = set()
-        self.no_local = 0
+        self.no_local: set[tuple[str, int]] = set()
         self.ids: dict[ServiceKey, identities.VirtualServerIdentity] = {}
         self.eps: dict[str, identities.EndpointIdentity] = {}
         # The real servers of the last endpoint list seen: the virtual servers of one port
@@ -153,7 +155,7 @@ class _Builder:
             bind=frozenset(self.bind),
             members=_sealed({k: frozenset(v) for k, v in self.members.items() if v}),
             out_filters=frozenset(self.out_filters),
-            no_local_endpoints=self.no_local,
+            no_local_endpoints=frozenset(self.no_local),
             warnings=warnings,
             created=created,
             identity=identities.ServiceIdentity.of(self.ids, self.eps),
@@ -195,8 +197,8 @@ def _plan_port(
     local = Chosen(topology.local_endpoints(endpoints, node.name), identities.TOPOLOGY_LOCAL)
     internal = local if sp.internal_local else cluster
     external = local if sp.external_local else cluster
-    if (sp.internal_local or sp.external_local) and not local.endpoints and cluster.endpoints:
-        b.no_local += 1
+    if cluster.endpoints and not local.endpoints:
+        _no_local(b, sp, node)
     # externalTrafficPolicy Local and no local endpoint: external clients are not forwarded
     # (the filter drops them: KUBE-NO-LOCAL-ENDPOINTS), but pods and the node itself reach the
     # external destinations through the cluster's endpoints, the node masqueraded (upstream's
@@ -236,6 +238,18 @@ def _plan_port(
                 b.member(ipset_specs.NO_LOCAL_ENDPOINTS, f"{ip},{proto}:{sp.node_port}")
     if sp.type == "LoadBalancer" and sp.external_local and sp.health_check_node_port:
         b.member(ipset_specs.HEALTH_CHECK_NODE_PORT, str(sp.health_check_node_port))
+
+
+def _no_local(b: _Builder, sp: ServicePort, node: NodeFacts) -> None:
+    """Upstream's syncEndpoint, for a virtual server that takes the local endpoints only (the
+    cluster IP's with internalTrafficPolicy Local, an external one with externalTrafficPolicy
+    Local) when there are none: the Service counts for each of its Local policies."""
+    external = bool(sp.external_ips or sp.lb_vips or (sp.node_port and node.node_ips_of(b.family)))
+    if sp.internal_local or (sp.external_local and external):
+        if sp.internal_local:
+            b.no_local.add(("internal", b.family))
+        if sp.external_local:
+            b.no_local.add(("external", b.family))
 
 
 def _plan_lb_vip(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ipvsproxy.core.service_ports import LABEL_SERVICE_NAME
 from ipvsproxy.kube import slim
@@ -13,8 +14,16 @@ from ipvsproxy.kube.informer import Kept
 
 TRIGGER_ANNOTATION = slim.TRIGGER_ANNOTATION
 
-# A Service marked as changed -> the wall time its change was triggered (None: unknown).
-Marks = dict[str, float | None]
+
+class Trigger(NamedTuple):
+    """When an EndpointSlice change was triggered (its annotation), and the slice's family."""
+
+    at: float  # wall time
+    family: int  # 4 or 6
+
+
+# A Service marked as changed -> the trigger times of its slice changes since the last take.
+Marks = dict[str, list[Trigger]]
 
 
 class ChangeTracker:
@@ -22,15 +31,21 @@ class ChangeTracker:
     Services changed since the last ``take()``.
 
     ``cond`` guards all of it; it is notified whenever a Service is marked, and the sync runner
-    waits on it. A Service is marked at most once between two takes: its first known trigger
-    time stays (a later mark only fills in one that was unknown). ``on_mark`` runs under
-    ``cond`` at every mark."""
+    waits on it. ``on_mark`` runs under ``cond`` at every mark. Between two takes:
+    - ``dirty`` holds every Service marked, once, with the trigger times of its slice changes
+      later than ``started`` (upstream's trackerStartTime), in order; a slice's deletion
+      forgets its Service's trigger times of the slice's family (as upstream's tracker);
+    - ``service_changes`` holds the Services marked by a change of their Service object and
+      ``slice_changes`` counts the slice changes (upstream's two pending gauges)."""
 
-    def __init__(self, on_mark: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, on_mark: Callable[[], None] = lambda: None, started: float = 0.0) -> None:
         self.cond = threading.Condition()
         self.services: dict[str, Kept] = {}
         self.slices: dict[str, dict[str, Kept]] = {}  # service key -> slice key -> slice
         self.dirty: Marks = {}
+        self.service_changes: set[str] = set()
+        self.slice_changes = 0
+        self.started = started
         self._on_mark = on_mark
 
     def set_service(self, key: str, new: Kept | None) -> None:
@@ -58,31 +73,57 @@ class ChangeTracker:
                 bucket[key] = new
         return service
 
-    def mark(self, service: str, trigger: float | None) -> None:
+    def mark(self, service: str) -> None:
+        """``service`` changed for a reason other than its objects (the Node, a retry)."""
         with self.cond:
-            if self.dirty.get(service) is None:
-                self.dirty[service] = trigger
-            self._on_mark()
-            self.cond.notify_all()
+            self.dirty.setdefault(service, [])
+            self._marked()
+
+    def mark_service(self, service: str) -> None:
+        """``service``'s Service object changed."""
+        with self.cond:
+            self.service_changes.add(service)
+            self.dirty.setdefault(service, [])
+            self._marked()
+
+    def mark_slice(
+        self, service: str, family: int, trigger: float | None = None, deleted: bool = False
+    ) -> None:
+        """An EndpointSlice of ``service`` and ``family`` changed (``deleted``: went), its
+        change triggered at ``trigger`` (None: unknown)."""
+        with self.cond:
+            self.slice_changes += 1
+            triggers = self.dirty.setdefault(service, [])
+            if deleted:
+                triggers[:] = [t for t in triggers if t.family != family]
+            elif trigger is not None and trigger > self.started:
+                triggers.append(Trigger(trigger, family))
+            self._marked()
+
+    def _marked(self) -> None:
+        self._on_mark()
+        self.cond.notify_all()
 
     def mark_where(self, wanted: Callable[[Kept], bool]) -> None:
         """Mark every Service whose object is ``wanted``."""
         with self.cond:
             keys = [key for key, svc in self.services.items() if wanted(svc)]
         for key in keys:
-            self.mark(key, None)
+            self.mark(key)
 
     def mark_where_slices(self, wanted: Callable[[list[Kept]], bool]) -> None:
         """Mark every Service whose EndpointSlices are ``wanted``."""
         with self.cond:
             keys = [key for key, by in self.slices.items() if wanted(list(by.values()))]
         for key in keys:
-            self.mark(key, None)
+            self.mark(key)
 
     def take(self) -> Marks:
-        """The marks since the last take; none are left."""
+        """The marks since the last take; none are left, nor pending changes."""
         with self.cond:
             dirty, self.dirty = self.dirty, {}
+            self.service_changes = set()
+            self.slice_changes = 0
             return dirty
 
     def pending(self) -> int:
@@ -90,10 +131,21 @@ class ChangeTracker:
         with self.cond:
             return len(self.dirty)
 
+    def pending_changes(self) -> tuple[int, int]:
+        """The Services with a Service change pending, and the slice changes pending."""
+        with self.cond:
+            return len(self.service_changes), self.slice_changes
+
     def inputs(self, service: str) -> tuple[Kept | None, list[Kept]]:
         """What the dataplane plans ``service`` from: its object (None: deleted) and slices."""
         with self.cond:
             return self.services.get(service), list(self.slices.get(service, {}).values())
+
+
+def slice_family(obj: Kept) -> int | None:
+    """An EndpointSlice's address family (IPv4 when unset, as the planner reads it); None for
+    FQDN and other types no proxier takes."""
+    return {"IPv4": 4, "IPv6": 6}.get(obj.get("addressType", "IPv4"))
 
 
 def trigger_time(obj: Kept | None) -> float | None:

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ipvsproxy.config import ProxyConfig
-from ipvsproxy.daemon.changes import ChangeTracker, Marks, trigger_time
+from ipvsproxy.core.virtual_servers import ServiceKey
+from ipvsproxy.daemon.changes import ChangeTracker, Marks, slice_family, trigger_time
 from ipvsproxy.daemon.node import POD_CIDR_WAIT, NodeTracker
 from ipvsproxy.daemon.runner import SyncRunner
 from ipvsproxy.daemon.targets import health_check_targets
@@ -28,6 +29,7 @@ from ipvsproxy.process import gc_tuning
 from ipvsproxy.servers.healthz import HealthState
 from ipvsproxy.servers.metrics import Metrics
 from ipvsproxy.servers.service_health import HealthCheckServers
+from ipvsproxy.servers.traffic_metrics import PortName, port_names
 from ipvsproxy.status import view
 
 log = logging.getLogger("ipvsproxy")
@@ -61,9 +63,9 @@ class Proxy:
         self.stop = threading.Event()
         self.informers: list[Informer] = []
         self.events: EventRecorder | None = None
-        self.changes = ChangeTracker(on_mark=self._queued)
+        self.changes = ChangeTracker(on_mark=self._queued, started=time.time())
         self.node = NodeTracker(cfg, dataplane, self.health, self.changes, self.stop)
-        self.telemetry = Telemetry(metrics, self._warn)
+        self.telemetry = Telemetry(metrics, self._warn, families=dataplane.plan_config.families)
         self.runner = SyncRunner(
             self.changes,
             sync_period=cfg.sync_period,
@@ -91,19 +93,28 @@ class Proxy:
         """A Service was marked (called under ``changes.cond``)."""
         if self.synced():  # upstream queues nothing before its initial lists are done
             self.health.queued()
-        self.metrics.last_queued.set(time.time())
+            self.telemetry.queued()
+        self.telemetry.changes_pending(*self.changes.pending_changes())
 
     def on_service(self, key: str, _old: Kept | None, new: Kept | None) -> None:
+        """As upstream's dual-stack proxy, which hands every Service event to each family's
+        tracker, each of which counts it."""
         self.changes.set_service(key, new)
-        self.metrics.service_total.inc()
-        self.changes.mark(key, None)
+        self.metrics.service_total.inc(len(self.dp.plan_config.families))
+        self.changes.mark_service(key)
 
     def on_slice(self, key: str, old: Kept | None, new: Kept | None) -> None:
+        """An EndpointSlice counts as a change of its family's tracker (upstream's: none for
+        a family not served, nor for FQDN)."""
         service = self.changes.set_slice(key, old, new)
         if service is None:
             return
+        family = slice_family(new or old or {})
+        if family not in self.dp.plan_config.families:
+            self.changes.mark(service)
+            return
         self.metrics.endpoint_total.inc()
-        self.changes.mark(service, trigger_time(new))
+        self.changes.mark_slice(service, family, trigger_time(new), deleted=new is None)
 
     def on_node(self, _key: str, _old: Kept | None, new: Kept | None) -> None:
         self.node.update(new)
@@ -129,6 +140,7 @@ class Proxy:
         """Hand every Service marked since the last sync to the dataplane; return the marks."""
         self.node.refresh()
         marks = self.changes.take()
+        self.telemetry.changes_pending(*self.changes.pending_changes())
         for service in sorted(marks):
             svc, slices = self.changes.inputs(service)
             try:
@@ -155,7 +167,7 @@ class Proxy:
                 return how()
 
             result = gc_tuning.paused_for(replan_and_sync, lambda r: r.full)
-            done = self.telemetry.record(result, self.dp.snapshot(), self.changes.pending(), marks)
+            done = self.telemetry.record(result, self.dp.snapshot(), marks)
             if done is not None:
                 # As upstream: marks the proxier updated and clears what was queued.
                 self.last_sync = done
@@ -188,6 +200,7 @@ class Proxy:
     def run(self) -> None:
         """The sync runner: until stopped."""
         self.health.updated()  # as upstream's SyncLoop: healthy while the lists come in
+        self.telemetry.queued()  # and "last change queued" synthesized as the lists come in
         if not self.runner.wait_until(self.synced):
             return
         with self.changes.cond:
@@ -207,10 +220,22 @@ class Proxy:
                 virtual_servers=desired.virtual_servers,
                 real_servers=desired.real_servers,
                 identities=desired.identities,
+                addresses=desired.addresses,
                 last_sync=self.last_sync,
                 pending=pending,
                 invalid=self._invalid(),
             )
+
+    def port_names(self, wait: float = 1.0) -> dict[ServiceKey, PortName] | None:
+        """The Service port of each desired virtual server (the per-Service traffic series'
+        names); None when a sync holds the lock more than ``wait`` seconds (a scrape does not
+        wait for a long sync)."""
+        if not self.sync_lock.acquire(timeout=wait):
+            return None
+        try:
+            return port_names(self.dp.desired_view().identities)
+        finally:
+            self.sync_lock.release()
 
     def _invalid(self) -> dict[str, str]:
         """Services that cannot be planned, and those whose programming failed."""

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from ipvsproxy.config import ProxyConfig
+from ipvsproxy.config.render import configz
 from ipvsproxy.core.node_addresses import FALLBACK_NODE_IP, node_ip
 from ipvsproxy.core.plan import PlanConfig
 from ipvsproxy.core.service_ports import LABEL_SERVICE_NAME
+from ipvsproxy.core.virtual_servers import ServiceKey, Traffic
 from ipvsproxy.daemon.config_watch import start_config_watch
 from ipvsproxy.daemon.kernel_settings import apply_kernel_settings
 from ipvsproxy.daemon.node import node_facts, rules_config
@@ -25,6 +27,7 @@ from ipvsproxy.dataplane.dataplane import Backends, Dataplane
 from ipvsproxy.dataplane.statefile import StateLock
 from ipvsproxy.kernel.addresses import AddressEvents
 from ipvsproxy.kernel.families import ipv6_unavailable
+from ipvsproxy.kernel.ipvs import IPVS
 from ipvsproxy.kube import client as kube_client
 from ipvsproxy.kube import slim
 from ipvsproxy.kube.credentials import follow_token_file
@@ -33,7 +36,8 @@ from ipvsproxy.kube.informer import Informer
 from ipvsproxy.servers.healthz import json_route, serve_routes
 from ipvsproxy.servers.healthz import serve as serve_health
 from ipvsproxy.servers.httpserver import HTTPServer
-from ipvsproxy.servers.metrics import Metrics
+from ipvsproxy.servers.metrics import Metrics, upstream_routes
+from ipvsproxy.servers.traffic_metrics import PortName, ServiceTraffic
 
 log = logging.getLogger("ipvsproxy")
 
@@ -101,15 +105,35 @@ def api_client(cfg: ProxyConfig) -> Any:
 
 
 def serve_metrics(cfg: ProxyConfig, metrics: Metrics, proxy: Proxy) -> list[HTTPServer]:
-    """/metrics, and /status next to it or on its own address (--status-bind-address)."""
+    """/metrics with upstream's /proxyMode, /configz and /healthz, and /status next to it or
+    on its own address (--status-bind-address)."""
     status = {"/status": json_route(lambda: (200, proxy.status_document()))}
     servers = []
     apart = cfg.status_bind_address not in (None, cfg.metrics_bind_address)
     if cfg.metrics_bind_address:
-        servers.append(metrics.serve(cfg.metrics_bind_address, {} if apart else status))
+        routes = {**upstream_routes("ipvs", configz(cfg)), **({} if apart else status)}
+        servers.append(metrics.serve(cfg.metrics_bind_address, routes))
     if apart and cfg.status_bind_address:
         servers.append(serve_routes(cfg.status_bind_address, status, "status", workers=2))
     return servers
+
+
+def service_traffic(limit: int, proxy: Proxy) -> ServiceTraffic:
+    """Per-Service traffic series: IPVS's counters through a socket of their own (scrapes run
+    beside syncs), named by the daemon's desired state (as of the last sync when one is
+    running)."""
+    ipvs = IPVS()
+    names: dict[ServiceKey, PortName] = {}
+
+    def read() -> dict[ServiceKey, Traffic]:
+        return {key: traffic for key, (_vs, traffic) in ipvs.services_with_traffic().items()}
+
+    def named() -> dict[ServiceKey, PortName]:
+        nonlocal names
+        names = proxy.port_names() or names
+        return names
+
+    return ServiceTraffic(limit, read, named)
 
 
 def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[Informer]:
@@ -195,10 +219,13 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
     )
     metrics = Metrics()
     proxy = Proxy(cfg, dp, metrics)
+    if cfg.service_traffic_metrics:
+        metrics.registry.register(service_traffic(cfg.service_traffic_metrics, proxy))
     proxy.health.unserved = unserved
     servers: list[tuple[str, Callable[[], object]]] = []
     if cfg.healthz_bind_address:
-        servers.append(("health", lambda: serve_health(proxy.health, cfg.healthz_bind_address)))
+        address, answered = cfg.healthz_bind_address, metrics.health_answered
+        servers.append(("health", lambda: serve_health(proxy.health, address, answered)))
     servers.append(("metrics", lambda: serve_metrics(cfg, metrics, proxy)))
     for what, start in servers:
         if not start_server(what, start, cfg.bind_address_hard_fail, proxy.stop):

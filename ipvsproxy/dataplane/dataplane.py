@@ -18,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,7 +32,7 @@ from ipvsproxy.core.virtual_servers import DestKey, Seen, ServiceKey
 from ipvsproxy.dataplane.blame import Blame
 from ipvsproxy.dataplane.cleanup import remove_ours
 from ipvsproxy.dataplane.differ import differing
-from ipvsproxy.dataplane.drain import StaleUdpFlows, drain, expired
+from ipvsproxy.dataplane.drain import FlushRun, StaleUdpFlows, drain, expired
 from ipvsproxy.dataplane.observed import Observed, read_kernel, record_ipvs, reread
 from ipvsproxy.dataplane.retries import Failure, Failures
 from ipvsproxy.dataplane.snapshot import DesiredView, Snapshot
@@ -45,6 +46,7 @@ from ipvsproxy.dataplane.steps import (
 )
 from ipvsproxy.kernel.backends import Backends as Backends
 from ipvsproxy.kernel.errors import ApplyError
+from ipvsproxy.kernel.iptables import restore_failures_by_family
 from ipvsproxy.kernel.sysctl import expected, not_as_expected, required
 
 log = logging.getLogger("ipvsproxy")
@@ -62,6 +64,7 @@ class SyncResult:
     seconds: float = 0.0
     sysctls_set: list[str] = field(default_factory=list)  # kernel settings this sync changed
     failed: dict[str, str] = field(default_factory=dict)  # Services that failed, and why
+    conntrack: list[FlushRun] = field(default_factory=list)  # each family's stale UDP flush
     # The sync ran to its end: upstream's proxier marks itself updated (healthy) then. Only
     # rules that could not be written stop that, as upstream's failed iptables-restore does.
     complete: bool = True
@@ -400,7 +403,7 @@ class Dataplane:
                     blame=blame,
                 ),
             ),
-            ("", lambda: self.stale_udp.flush(backends, desired, blame)),
+            ("", lambda: result.conntrack.extend(self.stale_udp.flush(backends, desired, blame))),
         ]
         unread = self.observed.unread
         for part, step in steps:
@@ -470,10 +473,12 @@ class Dataplane:
                     operations[kind, outcome] = operations.get((kind, outcome), 0) + n
         return Snapshot(
             operations=operations,
-            restore_failures=self.backends.iptables.restore_failures,
+            restore_failures=restore_failures_by_family(self.backends.iptables),
             state_write_failures=self.state_write_failures,
             draining=len(self.state.draining_since),
-            no_local_endpoints=sum(p.no_local_endpoints for p in self.desired.plans.values()),
+            no_local_endpoints=Counter(
+                k for p in self.desired.plans.values() for k in p.no_local_endpoints
+            ),
             failed_services=len(self.failed),
             kernel_problems=len(self.kernel_problems) + len(self.sysctl_failures),
         )
@@ -501,5 +506,8 @@ class Dataplane:
     def desired_view(self) -> DesiredView:
         """The desired IPVS state and the Services' names, for the daemon's /status."""
         return DesiredView(
-            self.desired.virtual_servers, self.desired.real_servers, self.state.identities
+            self.desired.virtual_servers,
+            self.desired.real_servers,
+            self.state.identities,
+            self.desired.binds(),
         )

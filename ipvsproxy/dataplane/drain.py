@@ -10,7 +10,9 @@ at its retry.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ipvsproxy.core.desired import DesiredState
@@ -80,6 +82,15 @@ def drain(
     apply_chunks([services] if services else [], isolating(apply, fail))
 
 
+@dataclass(frozen=True)
+class FlushRun:
+    """One family's flush of stale UDP flows in a sync (upstream's conntrack reconciler)."""
+
+    family: int  # 4 or 6
+    seconds: float
+    deleted: int  # conntrack entries deleted
+
+
 class StaleUdpFlows:
     """The UDP virtual servers whose real servers a sync changed, each with the addresses of
     the real servers removed: their conntrack entries are flushed at the sync's end."""
@@ -98,13 +109,30 @@ class StaleUdpFlows:
             if gone is not None:
                 self.changed.setdefault(key, set()).update(gone)
 
-    def flush(self, backends: Backends, desired: DesiredState, blame: Blame) -> None:
+    def flush(self, backends: Backends, desired: DesiredState, blame: Blame) -> list[FlushRun]:
         """Upstream's CleanStaleEntries for the UDP virtual servers whose real servers this
-        sync changed, all in one ``backends.conntrack.flush_stale``; a failure fails the
-        Services it names only (a failed read, each of them)."""
+        sync changed: one ``backends.conntrack.flush_stale`` per family, each a run (its
+        time and the entries it deleted, as upstream's proxier of that family reports its
+        own); a failure fails the Services it names only (a failed read, each of them)."""
         changed, self.changed = self.changed, {}
-        if not changed:
-            return
+        runs = []
+        for fam in sorted({6 if ":" in s.address else 4 for s in changed}):
+            of_family = {s: gone for s, gone in changed.items() if (":" in s.address) == (fam == 6)}
+            start = time.monotonic()
+            deleted = self._flush(of_family, backends, desired, blame)
+            if deleted is not None:
+                runs.append(FlushRun(fam, time.monotonic() - start, deleted))
+        return runs
+
+    def _flush(
+        self,
+        changed: Mapping[ServiceKey, set[str]],
+        backends: Backends,
+        desired: DesiredState,
+        blame: Blame,
+    ) -> int | None:
+        """One family's flush: the entries deleted, None when none of its Services could be
+        flushed (upstream reports no run whose read failed)."""
         targets = {
             service: Stale({d.address for d in desired.real_servers.get(service, {})}, gone)
             for service, gone in changed.items()
@@ -118,3 +146,5 @@ class StaleUdpFlows:
                 why = f"conntrack cleanup of {service}: {type(outcome).__name__}: {outcome}"
                 self.failed.setdefault(service, set()).update(changed[service])
                 blame.service(service, why)
+        counts = [n for n in outcomes.values() if not isinstance(n, Exception)]
+        return sum(counts) if counts else None

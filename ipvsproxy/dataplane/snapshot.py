@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ipvsproxy.core.identities import ServiceIdentity
@@ -18,10 +18,11 @@ class Snapshot:
     started; the reader computes deltas."""
 
     operations: Mapping[tuple[str, str], int]  # (operation, "ok" | "error") -> count
-    restore_failures: int  # iptables-restore runs that failed
+    restore_failures: Mapping[int, int]  # family -> its iptables-restore runs that failed
     state_write_failures: int  # state file writes that failed (disk full, read-only)
     draining: int  # real servers at weight 0 waiting for their connections to end
-    no_local_endpoints: int  # externalTrafficPolicy Local virtual servers without a local endpoint
+    # (traffic policy, family) -> Services with endpoints but none on this node for it
+    no_local_endpoints: Mapping[tuple[str, int], int]
     failed_services: int  # Services whose programming failed, waiting for their retry
     kernel_problems: int  # kernel reads and sysctls that fail
 
@@ -35,3 +36,4 @@ class DesiredView:
     virtual_servers: Mapping[ServiceKey, VirtualServer]
     real_servers: Mapping[ServiceKey, Mapping[DestKey, RealServerLike]]
     identities: Mapping[str, ServiceIdentity]  # service key -> the names of its virtual servers
+    addresses: Collection[str] = ()  # what kube-ipvs0 should hold, both families

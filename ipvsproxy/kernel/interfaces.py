@@ -74,6 +74,10 @@ class IPVSBackend(Protocol):
 
     def apply(self, ops: Sequence[ServiceOp | DestOp]) -> int: ...
 
+    def read_timeouts(self) -> tuple[int, int, int]:
+        """``ipvsadm -L --timeout``: (tcp, tcpfin, udp) in seconds."""
+        ...
+
     def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
         """``ipvsadm --set``; a refusal raises ApplyError."""
         ...

@@ -182,6 +182,14 @@ class FamilyRules:
             backend.remove()
 
 
+def restore_failures_by_family(rules: RulesBackend) -> dict[int, int]:
+    """The restores each family's rules backend failed; a rules backend that is not a
+    FamilyRules writes IPv4's rules (the fakes': both families' text)."""
+    if isinstance(rules, FamilyRules):
+        return {family: b.restore_failures for family, b in rules.backends.items()}
+    return {4: rules.restore_failures}
+
+
 def observe(saved: Mapping[str, str]) -> Observed:
     """What ``iptables-save -t TABLE`` (``saved[TABLE]``, "nat" and "filter") shows of
     ipvsproxy."""

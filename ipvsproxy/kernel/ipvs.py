@@ -126,6 +126,12 @@ class IPVS:
             kinds, [o.errno for o in outcomes], lambda i: str(ops[i]), self.counters
         )
 
+    def read_timeouts(self) -> tuple[int, int, int]:
+        """``ipvsadm -L --timeout``: (tcp, tcpfin, udp) in seconds."""
+        seq = self.sock.next_seq()
+        (reply, *_) = self.sock.request(self.encoder.get_config(seq), seq)
+        return ipvs_messages.parse_config(reply)
+
     def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
         seq = self.sock.next_seq()
         (outcome,) = self.sock.execute([(seq, self.encoder.set_config(seq, tcp, tcp_fin, udp))])

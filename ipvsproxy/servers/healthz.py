@@ -100,9 +100,26 @@ def json_route(produce: Callable[[], tuple[int, Any]]) -> Route:
     return route
 
 
-def serve(state: HealthState, address: str) -> HTTPServer:
-    routes = {
-        "/healthz": json_route(lambda: state.status(node_check=True)),
-        "/livez": json_route(lambda: state.status(node_check=False)),
-    }
-    return serve_routes(address, routes, "healthz")
+def routes(
+    state: HealthState, answered: Callable[[str, int], object] = lambda _probe, _code: None
+) -> dict[str, Route]:
+    """/healthz (the node's eligibility too) and /livez; each answer is handed to
+    ``answered`` ("healthz" or "livez", the status code), for upstream's counters."""
+
+    def probe(name: str, node_check: bool) -> Route:
+        def answer() -> tuple[int, Any]:
+            code, body = state.status(node_check=node_check)
+            answered(name, code)
+            return code, body
+
+        return json_route(answer)
+
+    return {"/healthz": probe("healthz", True), "/livez": probe("livez", False)}
+
+
+def serve(
+    state: HealthState,
+    address: str,
+    answered: Callable[[str, int], object] = lambda _probe, _code: None,
+) -> HTTPServer:
+    return serve_routes(address, routes(state, answered), "healthz")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import subprocess
 import sys
 import time
 import urllib.error
@@ -18,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ipvsproxy.config import METRICS_PORT, ProxyConfig
-from ipvsproxy.core.virtual_servers import ServiceKey
-from ipvsproxy.status import view
+from ipvsproxy.core.virtual_servers import Protocol, ServiceKey
+from ipvsproxy.status import connections, view
 
 DEFAULT_METRICS_ADDRESS = f"127.0.0.1:{METRICS_PORT}"
 
@@ -34,6 +35,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--rate", action="store_true", help="connections, packets and bytes per second"
     )
     p.add_argument("--service", metavar="NAMESPACE/NAME", help="only this Service's servers")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="also kube-ipvs0's addresses, ipvsproxy's ipsets and iptables chains",
+    )
+    p.add_argument(
+        "-c",
+        "--connections",
+        action="store_true",
+        help="the connection table, as ipvsadm -Lnc, with Service and Pod names",
+    )
+    one = p.add_mutually_exclusive_group()
+    for flags, proto in _VIRTUAL_SERVICE_FLAGS:
+        one.add_argument(
+            *flags,
+            dest=f"only_{proto.value.lower()}",
+            metavar="ADDR:PORT",
+            help=f"only this {proto.value} virtual service, as ipvsadm ([ADDR]:PORT for IPv6)",
+        )
     p.add_argument(
         "-o",
         "--output",
@@ -54,7 +74,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="where the daemon serves /status: next to /metrics "
         f"(default {DEFAULT_METRICS_ADDRESS}) unless its --status-bind-address moved it",
     )
-    p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the daemon")
+    p.add_argument(
+        "--daemon-timeout",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds to wait for the daemon (default 2)",
+    )
+    p.add_argument(
+        "--timeout",
+        action="store_true",
+        help="only the IPVS timeouts (tcp tcpfin udp), as ipvsadm -L --timeout",
+    )
+
+
+_VIRTUAL_SERVICE_FLAGS = (
+    (("-t", "--tcp-service"), Protocol.TCP),
+    (("-u", "--udp-service"), Protocol.UDP),
+    (("--sctp-service",), Protocol.SCTP),
+)
+
+
+def _only(args: argparse.Namespace) -> ServiceKey | None:
+    """The virtual service of -t/-u/--sctp-service, if one was given; ValueError if malformed."""
+    for _flags, proto in _VIRTUAL_SERVICE_FLAGS:
+        text = getattr(args, f"only_{proto.value.lower()}", None)
+        if text is not None:
+            return view.parse_virtual_address(text, proto)
+    return None
 
 
 def _fetch_daemon(url: str, timeout: float) -> tuple[view.DaemonView | None, str | None]:
@@ -106,6 +153,75 @@ def _read_kernel() -> tuple[dict[ServiceKey, Any], set[str]]:
     return kernel, bound
 
 
+def _read_timeouts() -> tuple[int, int, int]:
+    from ipvsproxy.kernel.ipvs import IPVS
+
+    ipvs = IPVS()
+    try:
+        return ipvs.read_timeouts()
+    finally:
+        ipvs.close()
+
+
+def _show_timeouts(output: str) -> int:
+    try:
+        tcp, tcp_fin, udp = _read_timeouts()
+    except (OSError, ValueError) as exc:
+        print(f"ipvsproxy status: cannot read IPVS from the kernel: {exc}", file=sys.stderr)
+        return 1
+    if output == "json":
+        doc = {
+            "schemaVersion": view.SCHEMA_VERSION,
+            "timeouts": view.timeouts_json(tcp, tcp_fin, udp),
+        }
+        json.dump(doc, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(view.timeouts_line(tcp, tcp_fin, udp))
+    return 0
+
+
+def _read_ipsets() -> tuple[dict[str, int], str | None]:
+    from ipvsproxy.kernel.ipset import IPSets
+
+    try:
+        ipsets = IPSets()
+        try:
+            return {name: len(members) for name, members in ipsets.read().items()}, None
+        finally:
+            ipsets.close()
+    except OSError as exc:
+        return {}, str(exc)
+
+
+def _read_chains() -> tuple[dict[tuple[int, str, str], int], str | None]:
+    """ipvsproxy's chains in iptables-save's and ip6tables-save's nat and filter tables."""
+    from ipvsproxy.core.ruleset import FILTER_CHAINS, NAT_CHAINS
+
+    chains: dict[tuple[int, str, str], int] = {}
+    errors: list[str] = []
+    for family, save in ((4, "iptables-save"), (6, "ip6tables-save")):
+        for table, names in (("nat", NAT_CHAINS), ("filter", FILTER_CHAINS)):
+            try:
+                proc = subprocess.run([save, "-t", table], capture_output=True, text=True)
+            except OSError as exc:
+                errors.append(f"{save}: {exc}")
+                break
+            if proc.returncode != 0:
+                errors.append(f"{save} -t {table}: {proc.stderr.strip()}")
+                continue
+            for chain, rules in view.chain_rules(proc.stdout, names).items():
+                chains[(family, table, chain)] = rules
+    return chains, "; ".join(errors) or None
+
+
+def read_extras(bound: frozenset[str]) -> view.Extras:
+    """--all: what the kernel holds of ipvsproxy besides IPVS."""
+    ipsets, ipsets_error = _read_ipsets()
+    chains, chains_error = _read_chains()
+    return view.Extras(bound, ipsets, ipsets_error, chains, chains_error)
+
+
 def _url(address: str) -> str:
     host, _, port = address.rpartition(":")
     host = host or "127.0.0.1"
@@ -119,11 +235,11 @@ def gather(args: argparse.Namespace) -> tuple[view.KernelView, view.Sources]:
     landing in between is not reported as drift (tried three times, then shown as it is)."""
     url = _url(args.metrics_address)
     for _attempt in range(3):
-        daemon, error = _fetch_daemon(url, args.timeout)
+        daemon, error = _fetch_daemon(url, args.daemon_timeout)
         kernel, bound = _read_kernel()
         if daemon is None:
             break
-        again, _ = _fetch_daemon(url, args.timeout)
+        again, _ = _fetch_daemon(url, args.daemon_timeout)
         if again is not None and (again.last_sync, again.pending) == (
             daemon.last_sync,
             daemon.pending,
@@ -144,6 +260,7 @@ def gather(args: argparse.Namespace) -> tuple[view.KernelView, view.Sources]:
         state_time=mtime,
         state_error=state_error,
         ours=frozenset(ours),
+        bound=frozenset(bound),
     )
     return kernel, sources
 
@@ -159,19 +276,33 @@ def _port_name(port: int, protocol: str) -> str:
         return str(port)
 
 
-def run(args: argparse.Namespace) -> int:
+def _usage_error(args: argparse.Namespace) -> str | None:
     if args.service is not None and args.service.count("/") != 1:
-        print(
-            f"ipvsproxy status: --service wants NAMESPACE/NAME, not {args.service!r}",
-            file=sys.stderr,
-        )
+        return f"--service wants NAMESPACE/NAME, not {args.service!r}"
+    try:
+        _only(args)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    problem = _usage_error(args)
+    if problem is not None:
+        print(f"ipvsproxy status: {problem}", file=sys.stderr)
         return 2
+    if args.timeout:
+        return _show_timeouts(args.output)
+    only = _only(args)
     try:
         kernel, sources = gather(args)
     except OSError as exc:
         print(f"ipvsproxy status: cannot read IPVS from the kernel: {exc}", file=sys.stderr)
         return 1
-    report = view.build_report(kernel, sources, time.time(), args.service)
+    if only is not None and only not in kernel:
+        print(f"ipvsproxy status: No such service: {only}", file=sys.stderr)
+        return 1
+    report = view.build_report(kernel, sources, time.time(), args.service, only)
     if args.service is not None and not report["virtualServers"]:
         known = "names unknown" if report["view"] == view.VIEW_KERNEL else f"{report['view']} view"
         print(
@@ -179,11 +310,43 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    if args.connections:
+        return _show_connections(args, report, sources, narrowed=bool(args.service or only))
+    if args.all:
+        report["all"] = view.all_json(read_extras(sources.bound), sources.daemon)
     if args.output == "json":
-        json.dump(report, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        _dump(report)
         return 0
     counters = "stats" if args.stats else "rate" if args.rate else None
     namer = view.numeric_port if args.numeric else _port_name
     print(view.render_table(report, counters, args.output == "wide", namer))
+    if args.all:
+        print("\n".join(view.render_all(report["all"])))
+    return 0
+
+
+def _dump(doc: dict[str, Any]) -> None:
+    json.dump(doc, sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+def _show_connections(
+    args: argparse.Namespace, report: dict[str, Any], sources: view.Sources, narrowed: bool
+) -> int:
+    """-c: the report's header and IPVS's connection entries (those of the virtual servers
+    listed, under --service or -t/-u)."""
+    try:
+        text = Path(connections.PROC_PATH).read_text()
+    except OSError as exc:
+        print(f"ipvsproxy status: cannot read {connections.PROC_PATH}: {exc}", file=sys.stderr)
+        return 1
+    conns = connections.parse(text)
+    if narrowed:
+        listed = {(v["protocol"], v["address"], v["port"]) for v in report["virtualServers"]}
+        conns = [c for c in conns if (c.protocol, c.virtual, c.virtual_port) in listed]
+    report["connections"] = connections.to_json(conns, view.identities(sources))
+    if args.output == "json":
+        _dump(report)
+    else:
+        print("\n".join([*view.header_lines(report), *connections.render(report["connections"])]))
     return 0

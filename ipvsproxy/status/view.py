@@ -10,6 +10,7 @@ meaning or goes).
 from __future__ import annotations
 
 import datetime
+import ipaddress
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,8 +76,10 @@ def daemon_document(
     last_sync: float | None,
     pending: int,
     invalid: Mapping[str, str],
+    addresses: Collection[str] = (),
 ) -> dict[str, Any]:
-    """What the daemon serves at /status: its desired IPVS state and the names of things."""
+    """What the daemon serves at /status: its desired IPVS state, the addresses kube-ipvs0
+    should hold and the names of things."""
     desired = [
         [
             k.address,
@@ -97,6 +100,7 @@ def daemon_document(
         "pendingChanges": pending,
         "invalidServices": dict(sorted(invalid.items())),
         "desired": desired,
+        "addresses": sorted(addresses),
         "identities": identities_to_json(identities),
     }
 
@@ -110,6 +114,7 @@ class DaemonView:
     virtual_servers: Mapping[ServiceKey, VirtualServer]
     real_servers: Mapping[ServiceKey, Mapping[DestKey, RealServerLike]]
     identities: Mapping[str, ServiceIdentity]
+    addresses: frozenset[str] | None = None  # None from a daemon that does not serve them
 
 
 def parse_daemon_document(doc: Mapping[str, Any]) -> DaemonView:
@@ -129,6 +134,7 @@ def parse_daemon_document(doc: Mapping[str, Any]) -> DaemonView:
                 for a, p, w in dests
             }
         last = doc.get("lastSync")
+        addresses = doc.get("addresses")
         return DaemonView(
             node=str(doc.get("node") or ""),
             last_sync=None if last is None else float(last),
@@ -137,6 +143,7 @@ def parse_daemon_document(doc: Mapping[str, Any]) -> DaemonView:
             virtual_servers=vss,
             real_servers=rss,
             identities=identities_from_json(doc.get("identities") or {}),
+            addresses=None if addresses is None else frozenset(map(str, addresses)),
         )
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed daemon status document: {exc!r}") from exc
@@ -198,6 +205,7 @@ class Sources:
     state_time: float | None = None
     state_error: str | None = None
     ours: frozenset[ServiceKey] = field(default_factory=frozenset)
+    bound: frozenset[str] = field(default_factory=frozenset)  # kube-ipvs0's addresses
 
 
 def _traffic_json(t: Traffic) -> tuple[dict[str, int], dict[str, int]]:
@@ -277,10 +285,40 @@ def _daemon_json(src: Sources, now: float) -> dict[str, Any]:
     }
 
 
+def identities(src: Sources) -> Identities:
+    """The names the report shows: the daemon's, else the state file's, else none."""
+    if src.daemon is not None:
+        return Identities(src.daemon.identities.values())
+    return Identities((src.state_identities or {}).values())
+
+
+def parse_virtual_address(text: str, protocol: Protocol) -> ServiceKey:
+    """``ADDR:PORT`` or ``[ADDR6]:PORT`` as ipvsadm's ``-t``/``-u``/``--sctp-service`` take
+    it (numeric address and port); raises ValueError naming what is wrong."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"an IPv6 virtual address is written [ADDR]:PORT, not {text!r}")
+    try:
+        address = ipaddress.ip_address(host)
+        number = int(port)
+    except ValueError:
+        raise ValueError(f"illegal virtual server address {text!r} (want ADDR:PORT)") from None
+    if not sep or not 0 < number < 65536:
+        raise ValueError(f"illegal virtual server port in {text!r}")
+    return ServiceKey(address.compressed, protocol, number)
+
+
 def build_report(
-    kernel: KernelView, src: Sources, now: float, service: str | None = None
+    kernel: KernelView,
+    src: Sources,
+    now: float,
+    service: str | None = None,
+    only: ServiceKey | None = None,
 ) -> dict[str, Any]:
-    """The status report; ``service`` (namespace/name) keeps only that Service's servers."""
+    """The status report; ``service`` (namespace/name) keeps only that Service's servers,
+    ``only`` only that virtual server (drift is still counted over all of them)."""
     if src.daemon is not None:
         view, by_service = VIEW_DAEMON, src.daemon.identities
         ops: list[str] | None = drift(src.daemon, kernel, src.ours)
@@ -292,6 +330,8 @@ def build_report(
     servers = []
     for key, (vs, traffic, dests) in sorted(kernel.items()):
         ident = names.virtual_server(key)
+        if only is not None and key != only:
+            continue
         if service is not None and (ident is None or ident.service != service):
             continue
         entry = _vs_json(vs, traffic, ident, key in src.ours)
@@ -313,6 +353,107 @@ def build_report(
         "drift": {"count": None if ops is None else len(ops), "operations": ops or []},
         "virtualServers": servers,
     }
+
+
+# -- the rest of ipvsproxy's kernel state (--all) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Extras:
+    """kube-ipvs0's addresses, ipvsproxy's ipsets (name -> members) and its iptables chains
+    ((family, table, chain) -> rules) as read; an error instead where one could not be."""
+
+    addresses: frozenset[str]
+    ipsets: Mapping[str, int] = field(default_factory=dict)
+    ipsets_error: str | None = None
+    chains: Mapping[tuple[int, str, str], int] = field(default_factory=dict)
+    chains_error: str | None = None
+
+
+def chain_rules(saved: str, chains: Collection[str]) -> dict[str, int]:
+    """Rules of each of ``chains`` that ``iptables-save -t TABLE`` (``saved``) shows."""
+    counts: dict[str, int] = {}
+    for line in saved.splitlines():
+        if line.startswith(":") and line[1:].split(" ", 1)[0] in chains:
+            counts.setdefault(line[1:].split(" ", 1)[0], 0)
+        elif line.startswith("-A ") and line.split(" ", 2)[1] in chains:
+            name = line.split(" ", 2)[1]
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def address_drift(want: Collection[str] | None, have: Collection[str]) -> list[str] | None:
+    """The binds and unbinds a reconcile would make on kube-ipvs0; None when unknown."""
+    if want is None:
+        return None
+    missing = sorted(set(want) - set(have))
+    extra = sorted(set(have) - set(want))
+    return [f"bind {a} to kube-ipvs0" for a in missing] + [
+        f"unbind {a} from kube-ipvs0" for a in extra
+    ]
+
+
+def all_json(extras: Extras, daemon: DaemonView | None) -> dict[str, Any]:
+    """``--all``'s part of the report. Drift is counted for the addresses (against the
+    daemon's desired binds); for ipsets and chains it is not (null): the daemon does not
+    serve their desired contents."""
+    ops = address_drift(daemon.addresses if daemon else None, extras.addresses)
+    unknown: dict[str, Any] = {"count": None, "operations": []}
+    return {
+        "kubeIpvs0": {
+            "addresses": sorted(extras.addresses),
+            "drift": {"count": None if ops is None else len(ops), "operations": ops or []},
+        },
+        "ipsets": {
+            "sets": [{"name": n, "members": c} for n, c in sorted(extras.ipsets.items())],
+            "error": extras.ipsets_error,
+            "drift": unknown,
+        },
+        "chains": {
+            "chains": [
+                {"family": f"IPv{fam}", "table": t, "chain": c, "rules": n}
+                for (fam, t, c), n in sorted(extras.chains.items())
+            ],
+            "error": extras.chains_error,
+            "drift": dict(unknown),
+        },
+    }
+
+
+def _drift_text(drift: Mapping[str, Any]) -> str:
+    return "drift unknown" if drift["count"] is None else f"drift {drift['count']}"
+
+
+def render_all(part: Mapping[str, Any]) -> list[str]:
+    """``--all``'s lines, after the virtual servers."""
+    k = part["kubeIpvs0"]
+    lines = ["", f"kube-ipvs0: {len(k['addresses'])} addresses ({_drift_text(k['drift'])})"]
+    lines += [f"  {a}" for a in k["addresses"]] + [f"  ! {op}" for op in k["drift"]["operations"]]
+    s = part["ipsets"]
+    lines.append(f"ipsets: {len(s['sets'])} ({_drift_text(s['drift'])})")
+    lines += [f"  error: {s['error']}"] if s["error"] else []
+    sets = [["  " + e["name"], f"{e['members']} members"] for e in s["sets"]]
+    lines += _aligned(sets) if sets else []
+    c = part["chains"]
+    lines.append(f"iptables chains: {len(c['chains'])} ({_drift_text(c['drift'])})")
+    lines += [f"  error: {c['error']}"] if c["error"] else []
+    rows = [
+        [f"  {e['family']}", e["table"], e["chain"], f"{e['rules']} rules"] for e in c["chains"]
+    ]
+    lines += _aligned(rows) if rows else []
+    return lines
+
+
+# -- IPVS timeouts (--timeout) -----------------------------------------------------------------
+
+
+def timeouts_line(tcp: int, tcp_fin: int, udp: int) -> str:
+    """As ``ipvsadm -L --timeout`` prints them."""
+    return f"Timeout (tcp tcpfin udp): {tcp} {tcp_fin} {udp}"
+
+
+def timeouts_json(tcp: int, tcp_fin: int, udp: int) -> dict[str, int]:
+    return {"tcp": tcp, "tcpFin": tcp_fin, "udp": udp}
 
 
 # -- the table -------------------------------------------------------------------------------

@@ -67,20 +67,27 @@ def metrics(node: Node) -> str:
     return http_get_from(node.netns, f"http://{METRICS_ADDRESS}/metrics")[1]
 
 
-def last_sync_time(node: Node) -> float:
-    """kubeproxy_sync_proxy_rules_last_timestamp_seconds: 0 until a sync ran to its end
-    (/healthz is 200 while the daemon starts, as upstream's)."""
-    for line in metrics(node).splitlines():
-        if line.startswith("kubeproxy_sync_proxy_rules_last_timestamp_seconds "):
+def ipv4_sample(text: str, name: str) -> float | None:
+    """The value of ``name``'s IPv4 series (``name{ip_family="IPv4"}``, as upstream labels
+    its per-family series; ipvsproxy's one proxier sets every family's) in a /metrics text,
+    or of its unlabelled one; None when it has neither."""
+    for line in text.splitlines():
+        if line.startswith((f'{name}{{ip_family="IPv4"}} ', f"{name} ")):
             return float(line.split()[-1])
-    raise AssertionError("no last sync timestamp")
+    return None
+
+
+def last_sync_time(node: Node) -> float:
+    """kubeproxy_sync_proxy_rules_last_timestamp_seconds: 0 until a sync ran to its end (no
+    series before it, as upstream's; /healthz is 200 while the daemon starts)."""
+    name = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+    return ipv4_sample(metrics(node), name) or 0.0
 
 
 def sync_count(node: Node) -> float:
-    for line in metrics(node).splitlines():
-        if line.startswith("kubeproxy_sync_proxy_rules_duration_seconds_count"):
-            return float(line.split()[-1])
-    raise AssertionError("no sync duration histogram")
+    """How many syncs (of the IPv4 proxier, for kube-proxy) ran so far."""
+    name = "kubeproxy_sync_proxy_rules_duration_seconds_count"
+    return ipv4_sample(metrics(node), name) or 0.0
 
 
 def wait_for(check: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> None:

@@ -151,6 +151,11 @@ def test_the_size_table_says_how_many_changes_and_each_proxys_own_sync_time() ->
     assert counts.endswith("| 40 | 4 | 40 |")
     own = next(r for r in rows if r.startswith("| its own sync duration"))
     assert own.endswith("| 10.0 ms (2) | 50,000 ms (10); 500 ms (1) IPv6 | - |")
+    # ipvsproxy's one sync in both families' series: not shown twice
+    both = {"count": 2, "sum": 0.02}
+    size["runs"]["ipvsproxy"][0]["own_syncs"] = {"IPv4": both, "IPv6": dict(both)}
+    own = next(r for r in peers_report.size_table(size) if r.startswith("| its own sync"))
+    assert own.endswith("| 10.0 ms (2) | 50,000 ms (10); 500 ms (1) IPv6 | - |")
 
 
 def test_a_run_of_some_kinds_reports_those_only() -> None:

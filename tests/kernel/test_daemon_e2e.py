@@ -35,6 +35,7 @@ from lab.cluster.kube import (
 )
 from lab.net import netns
 from lab.net.topology import UNDERLAY_BRIDGE, Cluster, Node
+from tests.unit.metric_shapes import golden, sample_value, shapes, upstream_names
 
 pytestmark = pytest.mark.kernel
 
@@ -47,7 +48,8 @@ def bind(check: Callable[[str], bool], ns: str) -> Callable[[], bool]:
 @pytest.fixture
 def kube(lab_cluster: Cluster, tmp_path: Path) -> Iterator[LabKube]:
     """API server and slice controller started; the test starts the daemons."""
-    lab = LabKube(lab_cluster, tmp_path, daemon_flags=("--watch-timeout", "3s"))
+    flags = ("--watch-timeout", "3s", "--service-traffic-metrics", "50")
+    lab = LabKube(lab_cluster, tmp_path, daemon_flags=flags)
     lab.start_apiserver()
     lab.start_controller()
     try:
@@ -161,8 +163,22 @@ def test_health_taint_and_metrics_follow_the_daemon(lab_cluster: Cluster, kube: 
         "kubeproxy_sync_proxy_rules_endpoint_changes_total",
         "kubeproxy_sync_proxy_rules_service_changes_total",
         'ipvsproxy_netlink_operations_total{kind="add_dest",outcome="ok"}',
+        'kubeproxy_proxy_healthz_total{code="200"}',
     ):
         assert name in text, name
+    # Upstream's series as the checked-in list has them, and upstream's other routes.
+    found = shapes(text)
+    expected = golden()
+    for name in upstream_names(found):
+        assert found[name].key() == expected[name].key(), name
+    assert "_created" not in text
+    # The opt-in per-Service traffic series counted the requests through n1's IPVS.
+    web = {"namespace": "default", "service": "web", "port": "http", "protocol": "TCP"}
+    conns = sample_value(text, "ipvsproxy_service_connections_total", **web)
+    assert conns is not None and conns > 0, text
+    assert http_get_from(n1.netns, "http://127.0.0.1:10249/proxyMode") == (200, "ipvs")
+    configz = json.loads(http_get_from(n1.netns, "http://127.0.0.1:10249/configz")[1])
+    assert configz["kubeproxy.config.k8s.io"]["kind"] == "KubeProxyConfiguration"
     core.delete_namespaced_service("web", "default")
     for node in lab_cluster.nodes:
         wait_for(

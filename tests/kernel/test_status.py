@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from lab.cluster.kube import LabKube, wait_for
+from lab.cluster.kube import POD_ECHO_PORT, LabKube, wait_for
+from lab.cluster.kubelet import LabPod
 from lab.net import netns
 from lab.net.topology import Cluster, Node
 
@@ -44,12 +45,19 @@ def kube(lab_cluster: Cluster, tmp_path: Path) -> Iterator[LabKube]:
 Table = dict[tuple[str, str], dict[str, Any]]
 
 
+def body(listing: str) -> list[str]:
+    """The lines after ipvsadm's headers (three, or two for one virtual service)."""
+    lines = listing.splitlines()
+    heads = next(i for i, ln in enumerate(lines) if "RemoteAddress:Port" in ln)
+    return lines[heads + 1 :]
+
+
 def parse_ipvsadm(listing: str, stats: str) -> Table:
     """``ipvsadm -Ln`` and ``ipvsadm -Ln --stats --exact`` as one table:
     (protocol, address:port) -> settings, counters and real servers."""
     table: Table = {}
     vs: dict[str, Any] | None = None
-    for line in listing.splitlines()[3:]:
+    for line in body(listing):
         f = line.split()
         if f[0] == "->":
             assert vs is not None
@@ -59,7 +67,7 @@ def parse_ipvsadm(listing: str, stats: str) -> Table:
             vs = {"scheduler": f[2], "persistent": persistent, "dests": {}, "stats": None}
             table[(f[0], f[1])] = vs
     key: tuple[str, str] | None = None
-    for line in stats.splitlines()[3:]:
+    for line in body(stats):
         f = line.split()
         counters = tuple(int(x) for x in f[2:7])
         if f[0] == "->":
@@ -71,10 +79,16 @@ def parse_ipvsadm(listing: str, stats: str) -> Table:
     return table
 
 
-def ipvsadm(cluster: Cluster, node: Node) -> Table:
-    listing = cluster.exec(node.netns, "ipvsadm", "-Ln").stdout
-    stats = cluster.exec(node.netns, "ipvsadm", "-Ln", "--stats", "--exact").stdout
+def ipvsadm(cluster: Cluster, node: Node, *only: str) -> Table:
+    """``only``: a virtual service as ipvsadm takes it, e.g. ``-t ADDR:PORT``."""
+    listing = cluster.exec(node.netns, "ipvsadm", "-Ln", *only).stdout
+    stats = cluster.exec(node.netns, "ipvsadm", "-Ln", "--stats", "--exact", *only).stdout
     return parse_ipvsadm(listing, stats)
+
+
+def hostport(address: str, port: int) -> str:
+    """As ipvsadm -n writes them: an IPv6 address in brackets."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 def from_status(report: dict[str, Any]) -> Table:
@@ -86,12 +100,12 @@ def from_status(report: dict[str, Any]) -> Table:
 
     table: Table = {}
     for vs in report["virtualServers"]:
-        table[(vs["protocol"], f"{vs['address']}:{vs['port']}")] = {
+        table[(vs["protocol"], hostport(vs["address"], vs["port"]))] = {
             "scheduler": vs["scheduler"],
             "persistent": vs["persistenceTimeout"] if vs["persistent"] else 0,
             "stats": counters(vs),
             "dests": {
-                f"{rs['address']}:{rs['port']}": {
+                hostport(rs["address"], rs["port"]): {
                     "forward": rs["forward"],
                     "weight": rs["weight"],
                     "conns": (str(rs["activeConnections"]), str(rs["inactiveConnections"])),
@@ -119,13 +133,15 @@ def status(cluster: Cluster, node: Node, state: Path, *args: str) -> str:
     return proc.stdout
 
 
-def status_matching_ipvsadm(cluster: Cluster, node: Node, state: Path) -> dict[str, Any]:
+def status_matching_ipvsadm(
+    cluster: Cluster, node: Node, state: Path, *only: str
+) -> dict[str, Any]:
     """``status --output json`` read between two identical ``ipvsadm`` readings (a connection
-    may leave the inactive count meanwhile), checked against them."""
+    may leave the inactive count meanwhile), checked against them; ``only`` is given to both."""
     for _attempt in range(5):
-        before = ipvsadm(cluster, node)
-        report: dict[str, Any] = json.loads(status(cluster, node, state, "--output", "json"))
-        if ipvsadm(cluster, node) == before:
+        before = ipvsadm(cluster, node, *only)
+        report: dict[str, Any] = json.loads(status(cluster, node, state, "-o", "json", *only))
+        if ipvsadm(cluster, node, *only) == before:
             assert before, "ipvsadm lists no virtual server"
             assert from_status(report) == before
             return report
@@ -234,6 +250,9 @@ def test_status_matches_ipvsadm_and_names_every_server(lab_cluster: Cluster, kub
         assert re.search(rf"^UDP\s+{re.escape(web_ip)}:domain\s", named, re.M)
         check_table(table, web_ip, sticky_ip, held, held_ip)
         check_counter_tables(lab_cluster, n1, state, web_ip)
+        check_virtual_service_filters(lab_cluster, n1, state, web_ip)
+        check_connections(lab_cluster, n1, state, web_ip, session.local, held_ip)
+        check_all(lab_cluster, n1, state, web_ip)
     finally:
         session.close()
 
@@ -355,3 +374,173 @@ def check_counter_tables(cluster: Cluster, node: Node, state: Path, web_ip: str)
     wide = status(cluster, node, state, "-o", "wide")
     assert wide.splitlines()[2].split()[-2:] == ["Role", "RawFlags"]
     assert wide.splitlines()[3].split()[-1] == "PersistConn"
+
+
+def check_virtual_service_filters(cluster: Cluster, node: Node, state: Path, web_ip: str) -> None:
+    """-t and -u list the one virtual service ipvsadm lists; one that is not there fails as
+    ipvsadm fails (exit 1)."""
+    for only in (("-t", f"{web_ip}:80"), ("-u", f"{web_ip}:53"), ("--tcp-service", f"{web_ip}:80")):
+        report = status_matching_ipvsadm(cluster, node, state, *only)
+        assert len(report["virtualServers"]) == 1, report["virtualServers"]
+        assert report["drift"]["count"] == 0
+    table = status(cluster, node, state, "-n", "-u", f"{web_ip}:53")
+    assert re.search(rf"^UDP\s+{re.escape(web_ip)}:53\s+rr\s+default/web:dns\s", table, re.M)
+    assert "TCP" not in table.split("\n", 4)[-1]
+    for only in (("-u", f"{web_ip}:80"), ("--sctp-service", f"{web_ip}:80")):
+        theirs = cluster.exec(node.netns, "ipvsadm", "-Ln", *only, check=False)
+        ours = cluster.exec(
+            node.netns, sys.executable, "-m", "ipvsproxy", "status", *only, check=False
+        )
+        assert (ours.returncode, theirs.returncode) == (1, 1), ours.stderr + theirs.stderr
+        assert "No such service" in theirs.stderr and "No such service" in ours.stderr
+
+
+def test_status_timeout_is_ipvsadm_timeout(lab_cluster: Cluster) -> None:
+    """``status --timeout`` prints what ``ipvsadm -L --timeout`` prints, as set by ipvsadm, and
+    needs neither the daemon nor a state file."""
+    n1 = lab_cluster.nodes[0]
+    nothing = Path("/nonexistent/state.json")
+
+    def both() -> tuple[str, str]:
+        theirs = lab_cluster.exec(n1.netns, "ipvsadm", "-L", "--timeout").stdout
+        return status(lab_cluster, n1, nothing, "--timeout"), theirs
+
+    before = both()
+    assert before[0] == before[1] and before[0].startswith("Timeout (tcp tcpfin udp): ")
+    tcp, fin, udp = before[0].split(":")[1].split()
+    try:
+        lab_cluster.exec(n1.netns, "ipvsadm", "--set", "7201", "31", "61")
+        ours, theirs = both()
+        assert ours == theirs == "Timeout (tcp tcpfin udp): 7201 31 61\n"
+        doc = json.loads(status(lab_cluster, n1, nothing, "--timeout", "-o", "json"))
+        assert doc["timeouts"] == {"tcp": 7201, "tcpFin": 31, "udp": 61}
+    finally:
+        lab_cluster.exec(n1.netns, "ipvsadm", "--set", tcp, fin, udp)
+    assert both() == before
+
+
+Conn = tuple[str, str, str, str, str]  # protocol, state, source, virtual, destination
+
+
+def ipvsadm_connections(cluster: Cluster, node: Node, *only: str) -> set[Conn]:
+    """``ipvsadm -Lnc``'s entries, without their expiry (it ticks between two readings)."""
+    lines = cluster.exec(node.netns, "ipvsadm", "-Lnc").stdout.splitlines()
+    assert lines[:2] and lines[0] == "IPVS connection entries", lines
+    return {(f[0], f[2], f[3], f[4], f[5]) for f in (ln.split() for ln in lines[2:])}
+
+
+def status_connections(cluster: Cluster, node: Node, state: Path, *args: str) -> list[Any]:
+    entries: list[Any] = json.loads(status(cluster, node, state, "-c", "-o", "json", *args))[
+        "connections"
+    ]
+    return entries
+
+
+def as_conn(e: dict[str, Any]) -> Conn:
+    return (
+        e["protocol"],
+        e["state"],
+        hostport(e["client"], e["clientPort"]),
+        hostport(e["virtual"], e["virtualPort"]),
+        hostport(e["destination"], e["destinationPort"]),
+    )
+
+
+def check_connections(
+    cluster: Cluster,
+    node: Node,
+    state: Path,
+    web_ip: str,
+    held: tuple[str, int],
+    held_ip: str,
+) -> None:
+    """-c lists the entries ``ipvsadm -Lnc`` lists (read between two identical ipvsadm
+    readings), the held connection among them, with Service and Pod names."""
+    for _attempt in range(5):
+        before = ipvsadm_connections(cluster, node)
+        entries = status_connections(cluster, node, state)
+        if ipvsadm_connections(cluster, node) == before:
+            break
+    else:
+        raise AssertionError("the connection table never held still for a reading")
+    assert {as_conn(e) for e in entries} == before and len(entries) == len(before)
+    held_conn = ("TCP", "ESTABLISHED", f"{held[0]}:{held[1]}", f"{web_ip}:80", f"{held_ip}:8080")
+    assert held_conn in before
+    web = [e for e in entries if (e["virtual"], e["virtualPort"]) == (web_ip, 80)]
+    assert len(web) >= 2 and {e["service"] for e in web} == {"default/web:http"}
+    # The held pod left the Service: nameless; the others are named.
+    assert {e["pod"] for e in web if e["destination"] == held_ip} == {None}
+    assert {e["pod"] for e in web if e["destination"] != held_ip} <= {
+        f"default/{p}" for p in WEB_BACKENDS
+    }
+    table = status(cluster, node, state, "-c")
+    assert re.search(
+        rf"^TCP\s+\d\d:\d\d\s+ESTABLISHED\s+{re.escape(held[0])}:{held[1]}\s+"
+        rf"{re.escape(web_ip)}:80\s+{re.escape(held_ip)}:8080\s+default/web:http\s+\?$",
+        table,
+        re.M,
+    ), table
+    udp = status_connections(cluster, node, state, "-u", f"{web_ip}:53")
+    assert udp and {(e["protocol"], e["virtualPort"]) for e in udp} == {("UDP", 53)}
+
+
+def check_all(cluster: Cluster, node: Node, state: Path, web_ip: str) -> None:
+    """--all: kube-ipvs0's addresses as ``ip addr`` shows them (no drift), ipset member
+    counts as ``ipset list -t``, chain rule counts as ``iptables -S``."""
+    part = json.loads(status(cluster, node, state, "--all", "-o", "json"))["all"]
+    shown = cluster.exec(node.netns, "ip", "-o", "addr", "show", "dev", "kube-ipvs0").stdout
+    bound = {ln.split()[3].split("/")[0] for ln in shown.splitlines()}
+    assert web_ip in bound and set(part["kubeIpvs0"]["addresses"]) == bound
+    assert part["kubeIpvs0"]["drift"] == {"count": 0, "operations": []}
+    sets = {e["name"]: e["members"] for e in part["ipsets"]["sets"]}
+    for name in ("KUBE-CLUSTER-IP", "KUBE-NODE-PORT-TCP"):
+        listing = cluster.exec(node.netns, "ipset", "list", "-t", name).stdout
+        (entries,) = re.findall(r"^Number of entries: (\d+)$", listing, re.M)
+        assert sets[name] == int(entries), (name, listing)
+    chains = {(e["family"], e["table"], e["chain"]): e["rules"] for e in part["chains"]["chains"]}
+    rules = cluster.exec(node.netns, "iptables", "-t", "nat", "-S", "KUBE-SERVICES").stdout
+    assert chains[("IPv4", "nat", "KUBE-SERVICES")] == rules.count("\n-A ") > 0
+    table = status(cluster, node, state, "--all", "-n")
+    assert re.search(r"^kube-ipvs0: \d+ addresses \(drift 0\)$", table, re.M), table
+
+
+def test_status_filter_and_connections_over_ipv6(lab_cluster: Cluster, tmp_path: Path) -> None:
+    """An IPv6 Service: -t [ADDR]:PORT lists what ``ipvsadm -Ln -t`` lists, and -c shows the
+    IPv6 entries of /proc/net/ip_vs_conn as ``ipvsadm -Lnc`` does, named."""
+    from kubernetes import client
+
+    lab = LabKube(lab_cluster, tmp_path)
+    pods = [
+        LabPod(p.name, "default", p.node, p.ip, {"app": "six"}, {"http": POD_ECHO_PORT}, ip6=p.ip6)
+        for p in lab_cluster.pods
+    ]
+    try:
+        kube = lab.start(pods)
+        assert kube.daemons is not None
+        core: Any = client.CoreV1Api(kube.api)
+        spec: dict[str, Any] = {"selector": {"app": "six"}, "ipFamilies": ["IPv6"]}
+        spec["ports"] = [{"name": "http", "port": 80, "targetPort": POD_ECHO_PORT}]
+        core.create_namespaced_service("default", {"metadata": {"name": "six"}, "spec": spec})
+        six = core.read_namespaced_service("six", "default").spec.cluster_ip
+        n1 = lab_cluster.nodes[0]
+        state = kube.daemons.state_file(n1)
+        client_ns = n1.pods[-1].netns
+        wait_for(lambda: netns.tcp_request(client_ns, six, 80, timeout=2)["pod"], 30, "six")
+        session = netns.TCPSession(client_ns, six, 80)
+        try:
+            pod = session.ask()["pod"]
+            only = ("-t", f"[{six}]:80")
+            report = status_matching_ipvsadm(lab_cluster, n1, state, *only)
+            (vs,) = report["virtualServers"]
+            assert (vs["address"], vs["service"]) == (six, "default/six")
+            entries = status_connections(lab_cluster, n1, state, *only)
+            held = ("TCP", "ESTABLISHED", f"[{session.local[0]}]:{session.local[1]}")
+            mine = [e for e in entries if as_conn(e)[:3] == held]
+            assert len(mine) == 1 and mine[0]["pod"] == f"default/{pod}", entries
+            assert mine[0]["service"] == "default/six:http"
+            assert {as_conn(e) for e in entries} <= ipvsadm_connections(lab_cluster, n1)
+        finally:
+            session.close()
+    finally:
+        print(lab.logs())
+        lab.stop(cleanup=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ipvsproxy import __version__, cli
+from ipvsproxy.kernel.fakes.ipvs import FakeIPVS
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -68,6 +70,56 @@ def test_status_without_ipvs_in_the_kernel_says_so(capsys: pytest.CaptureFixture
 def test_status_rejects_a_malformed_service_name(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["status", "--service", "just-a-name"]) == 2
     assert "--service wants NAMESPACE/NAME" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["-t", "-u", "--sctp-service", "--tcp-service"])
+def test_status_rejects_a_malformed_virtual_service(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["status", flag, "10.96.0.10"]) == 2
+    assert "illegal virtual server" in capsys.readouterr().err
+
+
+def test_status_takes_one_virtual_service_at_most() -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["status", "-t", "10.96.0.10:80", "-u", "10.96.0.10:53"])
+    assert exc.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("output", "want"),
+    [
+        ("table", "Timeout (tcp tcpfin udp): 7200 30 60\n"),
+        ("json", '{\n  "schemaVersion": 1,\n  "timeouts": {\n    "tcp": 7200,\n'),
+    ],
+)
+def test_status_timeout_prints_the_kernel_timeouts_as_ipvsadm(
+    output: str, want: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeIPVS()
+    fake.set_timeouts(7200, 30, 60)
+    monkeypatch.setattr("ipvsproxy.kernel.ipvs.IPVS", lambda: fake)
+    assert cli.main(["status", "--timeout", "-o", output]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(want)
+    if output == "json":
+        assert json.loads(out)["timeouts"] == {"tcp": 7200, "tcpFin": 30, "udp": 60}
+    assert fake.calls["read_timeouts"] == 1 and fake.calls["close"] == 1
+
+
+def test_status_timeout_without_ipvs_in_the_kernel_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["status", "--timeout"]) == 1
+    assert "ipvsproxy status: cannot read IPVS from the kernel" in capsys.readouterr().err
+
+
+def test_status_timeout_takes_no_value_the_daemon_wait_is_daemon_timeout() -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["status", "--timeout", "5"])
+    assert exc.value.code == 2
+    args = cli.build_parser().parse_args(["status", "--daemon-timeout", "0.5"])
+    assert (args.daemon_timeout, args.timeout) == (0.5, False)
 
 
 def test_status_stats_and_rate_exclude_each_other() -> None:

@@ -254,7 +254,7 @@ def test_the_sync_runner_goes_on_after_a_sync_raised(h: Node) -> None:
 
     proxy.reconcile = reconcile
     proxy.apply_changes = reconcile
-    proxy.changes.mark("default/x", None)  # work for the runner after the first sync
+    proxy.changes.mark("default/x")  # work for the runner after the first sync
     runner = threading.Thread(target=proxy.run, daemon=True)
     runner.start()
     runner.join(timeout=30)

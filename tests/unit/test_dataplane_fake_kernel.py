@@ -16,6 +16,7 @@ import pytest
 
 from ipvsproxy.core import ipset_specs
 from ipvsproxy.core.diff import AddressOp, DestOp, MemberOp, OpKind, ServiceOp
+from ipvsproxy.core.plan import PlanConfig
 from ipvsproxy.core.ruleset import JUMPS
 from ipvsproxy.core.virtual_servers import (
     DestKey,
@@ -292,6 +293,36 @@ def test_a_sync_reads_the_conntrack_table_once_for_all_its_udp_services(
     assert {f[0].address for f in n.kernel.conntrack.flushes[5:]} == {
         "10.96.1.1", "10.96.1.2", "10.96.1.3"
     }  # fmt: skip
+
+
+def dual_dns(*pods: tuple[str, str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A dual-stack UDP Service; ``pods``: (IPv4, IPv6) address pairs."""
+    svc, (sl4,) = udp("dns", DNS.address, *(v4 for v4, _ in pods))
+    svc["spec"]["clusterIPs"] = [DNS.address, DNS6.address]
+    svc["spec"]["ipFamilies"] = ["IPv4", "IPv6"]
+    sl6 = {**udp("dns", DNS.address, *(v6 for _, v6 in pods))[1][0], "addressType": "IPv6"}
+    sl6["metadata"] = {**sl6["metadata"], "name": "dns-v6"}
+    return svc, [sl4, sl6]
+
+
+DNS6 = ServiceKey("fd00:10:96::35", UDP, 53)
+
+
+def test_each_familys_stale_udp_flush_is_timed_and_counted(tmp_path: Path) -> None:
+    """Upstream's CleanStaleEntries observes its time and adds the entries it deleted per
+    family (kubeproxy_conntrack_reconciler_*): each family's flush is one run."""
+    n = node(tmp_path, plan_config=PlanConfig(families=(4, 6)))
+    b6 = "fd00:10:244:2::b"
+    put(n, "dns", dual_dns((POD_A, "fd00:10:244:1::a"), (POD_B, b6)))
+    result = ok(n.sync())
+    assert [(run.family, run.deleted) for run in result.conntrack] == [(4, 0), (6, 0)]
+    for key, pod in ((DNS, POD_B), (DNS, POD_B), (DNS6, b6)):
+        n.kernel.conntrack.add_flow(key, pod)
+    put(n, "dns", dual_dns((POD_A, "fd00:10:244:1::a")))
+    result = ok(n.sync())
+    assert [(run.family, run.deleted) for run in result.conntrack] == [(4, 2), (6, 1)]
+    assert all(run.seconds >= 0 for run in result.conntrack)
+    assert ok(n.sync()).conntrack == []  # nothing changed: no run
 
 
 def test_a_failed_conntrack_read_fails_each_service_it_was_for_and_is_retried(

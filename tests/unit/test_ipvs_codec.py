@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pyroute2.netlink.generic.ipvs import ipvsmsg
@@ -167,3 +168,23 @@ def test_new_dest_is_set_dest_but_for_its_command(
         new, composed = enc.new_dest(seq, vs.key, rs), ref.set_dest(seq, vs.key, rs)
         assert new[16] == ipvs_messages.CMD_NEW_DEST and composed[16] == ipvs_messages.CMD_SET_DEST
         assert new[:16] == composed[:16] and new[17:] == composed[17:]
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
+def test_config_reply_parses_to_its_timeouts(tcp: int, tcp_fin: int, udp: int) -> None:
+    """The kernel answers GET_CONFIG with the attributes SET_CONFIG carries."""
+    reply = ipvs_messages.Encoder(FAMILY).set_config(7, tcp, tcp_fin, udp)
+    (msg,) = codec.messages(reply)
+    assert ipvs_messages.parse_config(msg) == (tcp, tcp_fin, udp)
+
+
+def test_config_reply_without_a_timeout_is_an_error() -> None:
+    body = codec.attr_u32(ipvs_messages.ATTR_TIMEOUT_TCP, 900)
+    (msg,) = codec.messages(codec.genl_message(FAMILY, ipvs_messages.CMD_SET_CONFIG, 1, 7, 0, body))
+    with pytest.raises(ValueError, match="without timeout attribute"):
+        ipvs_messages.parse_config(msg)
+
+
+def test_get_config_decodes_in_pyroute2() -> None:
+    msg = decode(ipvs_messages.Encoder(FAMILY).get_config(9))
+    assert msg["cmd"] == ipvs_messages.CMD_GET_CONFIG and msg["header"]["sequence_number"] == 9

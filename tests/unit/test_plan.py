@@ -156,7 +156,7 @@ def test_external_traffic_policy_local() -> None:
     assert p.members[ipset_specs.NODE_PORT_LOCAL_TCP] == {"30090"}
     assert p.members[ipset_specs.LOAD_BALANCER_LOCAL] == {"203.0.113.10,tcp:80"}
     assert p.members[ipset_specs.HEALTH_CHECK_NODE_PORT] == {"32000"}
-    assert p.no_local_endpoints == 0
+    assert p.no_local_endpoints == frozenset()
     assert ipset_specs.NO_LOCAL_ENDPOINTS not in p.members
     # No local endpoint: external clients are not forwarded (nftables-mode semantics: the
     # filter drops their new connections to KUBE-NO-LOCAL-ENDPOINTS), while pods and the node
@@ -169,7 +169,7 @@ def test_external_traffic_policy_local() -> None:
         "203.0.113.10,tcp:80",
     }
     assert dests(p, "10.96.0.30", 80) == ["10.244.2.11:8080"]
-    assert p.no_local_endpoints == 1
+    assert p.no_local_endpoints == {("external", 4)}
     # No endpoint anywhere: nothing to short-circuit to.
     p = plan(svc, endpoint_slice("lb", []))
     assert dests(p, "203.0.113.10", 80) == [] and ipset_specs.NO_LOCAL_ENDPOINTS not in p.members
@@ -328,7 +328,10 @@ def test_the_mh_scheduler_hashes_the_source_port_too() -> None:
     assert plan(sticky, scheduler="sh").virtual_servers[key].flags == SVC_F_PERSISTENT
 
 
-def test_no_local_endpoints_counts_each_port_with_endpoints_but_none_here() -> None:
+def test_no_local_endpoints_names_each_policy_of_a_service_with_endpoints_none_here() -> None:
+    """As upstream's IPVS proxier (serviceNoLocalEndpointsInternal/External): a Service counts
+    once per policy and family, whatever its number of ports, when it has endpoints but none
+    on this node."""
     two_ports = [
         {"name": "http", "port": 80, "nodePort": 30091, "protocol": "TCP"},
         {"name": "dns", "port": 53, "nodePort": 30092, "protocol": "UDP"},
@@ -341,24 +344,55 @@ def test_no_local_endpoints_counts_each_port_with_endpoints_but_none_here() -> N
         {"name": "dns", "port": 5353, "protocol": "UDP"},
     ]
     remote = endpoint_slice("lb", [endpoint("10.244.2.11", "node-2")], ports=slice_ports)
-    assert plan(svc, remote).no_local_endpoints == 2
+    assert plan(svc, remote).no_local_endpoints == {("external", 4)}
     local = endpoint_slice("lb", [endpoint("10.244.1.11")], ports=slice_ports)
-    assert plan(svc, local).no_local_endpoints == 0
+    assert plan(svc, local).no_local_endpoints == frozenset()
     # No endpoint anywhere: nothing is missing on this node in particular.
-    assert plan(svc).no_local_endpoints == 0
-    # internalTrafficPolicy Local alone counts as well.
+    assert plan(svc).no_local_endpoints == frozenset()
+    # internalTrafficPolicy Local alone is "internal".
     itp = service("itp", "10.96.0.31", internalTrafficPolicy="Local")
-    assert (
-        plan(itp, endpoint_slice("itp", [endpoint("10.244.2.11", "node-2")])).no_local_endpoints
-        == 1
+    elsewhere = endpoint_slice("itp", [endpoint("10.244.2.11", "node-2")])
+    assert plan(itp, elsewhere).no_local_endpoints == {("internal", 4)}
+    # Both policies Local: both.
+    both = service(
+        "both",
+        "10.96.0.33",
+        type="NodePort",
+        ports=two_ports,
+        externalTrafficPolicy="Local",
+        internalTrafficPolicy="Local",
     )
+    assert plan(both, replace_service_name(remote, "both")).no_local_endpoints == {
+        ("internal", 4),
+        ("external", 4),
+    }
     # Cluster policies never count.
-    assert (
-        plan(
-            service("c", "10.96.0.32"), endpoint_slice("c", [endpoint("10.244.2.11", "node-2")])
-        ).no_local_endpoints
-        == 0
+    c = service("c", "10.96.0.32")
+    assert plan(c, endpoint_slice("c", [endpoint("10.244.2.11", "node-2")])).no_local_endpoints == (
+        frozenset()
     )
+
+
+def test_external_no_local_endpoints_needs_a_virtual_server_that_uses_local_endpoints() -> None:
+    """Upstream counts "external" while syncing a virtual server that takes the local
+    endpoints only: an external one, or the cluster IP's with internalTrafficPolicy Local. A
+    load balancer without a node port and without an ingress address yet has neither."""
+    lb = service(
+        "lb",
+        "10.96.0.34",
+        type="LoadBalancer",
+        externalTrafficPolicy="Local",
+        allocateLoadBalancerNodePorts=False,
+    )
+    remote = endpoint_slice("lb", [endpoint("10.244.2.11", "node-2")])
+    assert plan(lb, remote).no_local_endpoints == frozenset()
+    lb["status"] = {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}
+    assert plan(lb, remote).no_local_endpoints == {("external", 4)}
+
+
+def replace_service_name(sl: dict[str, Any], name: str) -> dict[str, Any]:
+    meta = {**sl["metadata"], "labels": {"kubernetes.io/service-name": name}}
+    return {**sl, "metadata": meta}
 
 
 def test_external_ips_with_external_traffic_policy_local() -> None:

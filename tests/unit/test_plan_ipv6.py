@@ -164,3 +164,15 @@ def test_bound_addresses_are_members_of_their_familys_ipvs_ips_set() -> None:
     assert gone.members[V6[ipset_specs.IPVS_IPS]] == {"fd00:10:96::a"}
     assert not desired.member_keys(V6[ipset_specs.IPVS_IPS])
     assert desired.is_bound("10.96.0.10") and not desired.is_bound("fd00:10:96::a")
+
+
+def test_no_local_endpoints_is_per_family() -> None:
+    """Upstream's IPv4 and IPv6 proxiers each count a Service whose endpoints of their family
+    are all elsewhere."""
+    svc = dual("web", type="NodePort", externalTrafficPolicy="Local")
+    svc["spec"]["ports"][0]["nodePort"] = 30080
+    here6 = slice6("web", "fd00:10:244:1::5", node="node-1")
+    p = plan(svc, slice4("web", "10.244.2.5"), here6)
+    assert p.no_local_endpoints == {("external", 4)}
+    p = plan(svc, slice4("web", "10.244.2.5"), slice6("web", "fd00:10:244:2::5"))
+    assert p.no_local_endpoints == {("external", 4), ("external", 6)}

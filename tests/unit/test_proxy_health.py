@@ -22,6 +22,7 @@ from ipvsproxy.config import build
 from ipvsproxy.daemon.proxy import Proxy
 from ipvsproxy.dataplane.dataplane import SyncResult
 from ipvsproxy.servers.healthz import HealthState
+from ipvsproxy.servers.healthz import routes as health_routes
 from ipvsproxy.servers.metrics import Metrics
 from tests.unit.fake_node import Node, refuse_ipvs, running_node
 from tests.unit.k8s_objects import endpoint, endpoint_slice, service
@@ -75,10 +76,13 @@ def test_changes_before_the_initial_lists_are_done_queue_nothing(h: Node) -> Non
     proxy.informers = [Synced("services", done=False), Synced("endpointslices")]
     _add(proxy, "web", "10.96.0.10")
     assert _code(proxy, TIMEOUT + 1) == 200
+    queued = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds"
+    assert proxy.metrics.registry.get_sample_value(queued, {"ip_family": "IPv4"}) is None
     proxy.informers[0].synced.set()
     _add(proxy, "web2", "10.96.0.11")  # now it queues
     assert _code(proxy, 1) == 200
     assert _code(proxy, TIMEOUT + 1) == 503
+    assert proxy.metrics.registry.get_sample_value(queued, {"ip_family": "IPv4"}) > 0
 
 
 def test_the_runner_marks_the_proxy_updated_when_it_starts(h: Node) -> None:
@@ -107,7 +111,10 @@ def test_a_sync_with_a_refused_operation_keeps_the_proxy_healthy(h: Node) -> Non
     # Reported instead: a Warning Event, the gauge, the status.
     assert [(s, r) for s, r, _ in proxy.events.events] == [("default/bad", "FailedToProgram")]
     assert proxy.metrics.registry.get_sample_value("ipvsproxy_failed_services") == 1.0
-    assert "default/bad" in proxy.status_document()["invalidServices"]
+    doc = proxy.status_document()
+    assert "default/bad" in doc["invalidServices"]
+    # What kube-ipvs0 should hold, for status --all's drift.
+    assert "10.96.0.10" in doc["addresses"]
     assert proxy.last_sync is not None
 
 
@@ -145,3 +152,22 @@ def test_healthz_names_the_ip_families_the_node_does_not_serve() -> None:
     code, body = state.status(node_check=True)
     assert code == 200  # upstream serves the families it can: not a failure
     assert body["unservedIPFamilies"] == {"IPv6": state.unserved["IPv6"]}
+
+
+def test_healthz_and_livez_answers_are_counted_by_code() -> None:
+    """As upstream's healthzHandler and livezHandler: kubeproxy_proxy_healthz_total and
+    kubeproxy_proxy_livez_total by response code; the health-check node ports, which ask the
+    same state, count nowhere."""
+    metrics = Metrics()
+    state = HealthState(timeout=TIMEOUT)
+    routes = health_routes(state, metrics.health_answered)
+    assert routes["/healthz"]()[0] == 200
+    assert routes["/livez"]()[0] == 200
+    state.node_eligible = False
+    assert routes["/healthz"]()[0] == 503
+    state.status(node_check=False)  # a health-check node port's question
+    count = metrics.registry.get_sample_value
+    assert count("kubeproxy_proxy_healthz_total", {"code": "200"}) == 1.0
+    assert count("kubeproxy_proxy_healthz_total", {"code": "503"}) == 1.0
+    assert count("kubeproxy_proxy_livez_total", {"code": "200"}) == 1.0
+    assert count("kubeproxy_proxy_livez_total", {"code": "503"}) is None

@@ -12,7 +12,7 @@ from ipvsproxy.core.plan import OutFilter
 from ipvsproxy.core.ruleset import Jump, RulesConfig
 from ipvsproxy.core.virtual_servers import Protocol
 from ipvsproxy.kernel.errors import ApplyError, Counters, Rejected
-from ipvsproxy.kernel.iptables import FamilyRules, Observed
+from ipvsproxy.kernel.iptables import FamilyRules, Observed, restore_failures_by_family
 
 V6 = ipset_specs.V6
 CFG = RulesConfig(cluster_cidr="10.244.0.0/16", cluster_cidr6="fd00:10:244::/56")
@@ -107,3 +107,6 @@ def test_a_family_refused_raises_after_the_other_is_written() -> None:
     assert len(v4.applied) == 1
     assert rules.restore_failures == 1
     assert rules.counters.failed == {"restore": 1}
+    # The metric is per family, as upstream's proxiers count theirs.
+    assert restore_failures_by_family(rules) == {4: 0, 6: 1}
+    assert restore_failures_by_family(v6) == {4: 1}  # a rules backend alone is IPv4's

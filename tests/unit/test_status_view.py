@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -487,6 +488,45 @@ def test_service_filter_keeps_only_that_service() -> None:
     assert nothing["virtualServers"] == []
 
 
+def test_virtual_service_filter_keeps_only_that_one_and_counts_all_drift() -> None:
+    k = kernel_matching()
+    del k[WEB_NP]  # drift 1, outside the filter: still counted
+    report = view.build_report(k, sources(k, daemon_view()), NOW, only=STICKY)
+    assert [(v["address"], v["port"]) for v in report["virtualServers"]] == [("10.96.0.20", 443)]
+    assert report["drift"]["count"] == 1
+    udp = ServiceKey(STICKY.address, Protocol.UDP, STICKY.port)
+    assert view.build_report(k, sources(k, daemon_view()), NOW, only=udp)["virtualServers"] == []
+
+
+@pytest.mark.parametrize(
+    ("text", "proto", "want"),
+    [
+        ("10.96.0.10:80", Protocol.TCP, ServiceKey("10.96.0.10", Protocol.TCP, 80)),
+        ("[fd00:0::a]:53", Protocol.UDP, ServiceKey("fd00::a", Protocol.UDP, 53)),
+        ("[fd00::a]:3868", Protocol.SCTP, ServiceKey("fd00::a", Protocol.SCTP, 3868)),
+    ],
+)
+def test_parse_virtual_address(text: str, proto: Protocol, want: ServiceKey) -> None:
+    assert view.parse_virtual_address(text, proto) == want
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("10.96.0.10", "illegal virtual server"),
+        ("10.96.0.10:0", "illegal virtual server port"),
+        ("10.96.0.10:65536", "illegal virtual server port"),
+        ("10.96.0.10:http", "illegal virtual server address"),
+        ("web:80", "illegal virtual server address"),
+        ("fd00::a:53", "[ADDR]:PORT"),
+        ("[10.96.0.10:80", "illegal virtual server address"),
+    ],
+)
+def test_parse_virtual_address_rejects(text: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        view.parse_virtual_address(text, Protocol.TCP)
+
+
 def test_empty_kernel() -> None:
     report = view.build_report({}, sources({}, daemon_view()), NOW)
     assert report["virtualServers"] == []
@@ -943,3 +983,99 @@ def test_table_invalid_services_in_header() -> None:
     lines = view.render_table(view.build_report(k, sources(k, d), NOW)).splitlines()
     assert lines[2] == "invalid service default/bad: no cluster IP"
     assert lines[3].startswith("Prot")
+
+
+# -- --all -----------------------------------------------------------------------------------
+
+SAVED_NAT = """\
+*nat
+:PREROUTING ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-NODE-PORT - [0:0]
+:OTHER - [0:0]
+-A PREROUTING -j KUBE-SERVICES
+-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT
+-A KUBE-SERVICES -j KUBE-NODE-PORT
+-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A OTHER -j ACCEPT
+COMMIT
+"""
+
+
+def test_chain_rules_counts_only_the_chains_asked_and_empty_ones() -> None:
+    counts = view.chain_rules(SAVED_NAT, ("KUBE-SERVICES", "KUBE-MARK-MASQ", "KUBE-NODE-PORT"))
+    assert counts == {"KUBE-SERVICES": 2, "KUBE-MARK-MASQ": 1, "KUBE-NODE-PORT": 0}
+    assert view.chain_rules(SAVED_NAT, ("KUBE-FORWARD",)) == {}
+
+
+def test_daemon_document_carries_the_addresses_to_bind() -> None:
+    doc = view.daemon_document("n", {}, {}, {}, None, 0, {}, addresses={"10.96.0.2", "fd00::1"})
+    assert doc["addresses"] == ["10.96.0.2", "fd00::1"]
+    assert view.parse_daemon_document(doc).addresses == frozenset({"10.96.0.2", "fd00::1"})
+    del doc["addresses"]  # an older daemon: unknown, not empty
+    assert view.parse_daemon_document(doc).addresses is None
+
+
+def test_address_drift_binds_missing_and_unbinds_extra() -> None:
+    assert view.address_drift(None, {"10.96.0.1"}) is None
+    assert view.address_drift({"10.96.0.1"}, {"10.96.0.1"}) == []
+    assert view.address_drift({"10.96.0.1", "10.96.0.2"}, {"10.96.0.1", "10.96.0.9"}) == [
+        "bind 10.96.0.2 to kube-ipvs0",
+        "unbind 10.96.0.9 from kube-ipvs0",
+    ]
+
+
+def extras() -> view.Extras:
+    return view.Extras(
+        frozenset({"10.96.0.10", "10.96.0.99"}),
+        {"KUBE-CLUSTER-IP": 3, "KUBE-LOOP-BACK": 0},
+        None,
+        {(4, "nat", "KUBE-SERVICES"): 2, (6, "filter", "KUBE-FORWARD"): 4},
+        "ip6tables-save -t nat: no table",
+    )
+
+
+def test_all_json_counts_address_drift_and_lists_sets_and_chains() -> None:
+    doc = view.daemon_document("n", {}, {}, {}, None, 0, {}, addresses={"10.96.0.10", "10.96.0.20"})
+    part = view.all_json(extras(), view.parse_daemon_document(doc))
+    assert part["kubeIpvs0"] == {
+        "addresses": ["10.96.0.10", "10.96.0.99"],
+        "drift": {
+            "count": 2,
+            "operations": ["bind 10.96.0.20 to kube-ipvs0", "unbind 10.96.0.99 from kube-ipvs0"],
+        },
+    }
+    assert part["ipsets"]["sets"] == [
+        {"name": "KUBE-CLUSTER-IP", "members": 3},
+        {"name": "KUBE-LOOP-BACK", "members": 0},
+    ]
+    assert part["ipsets"]["drift"]["count"] is None
+    assert part["chains"]["chains"][1] == {
+        "family": "IPv6",
+        "table": "filter",
+        "chain": "KUBE-FORWARD",
+        "rules": 4,
+    }
+    assert part["chains"]["error"] == "ip6tables-save -t nat: no table"
+    # Without the daemon the address drift is unknown too.
+    assert view.all_json(extras(), None)["kubeIpvs0"]["drift"] == {"count": None, "operations": []}
+
+
+def test_render_all_lines() -> None:
+    doc = view.daemon_document("n", {}, {}, {}, None, 0, {}, addresses={"10.96.0.10"})
+    lines = view.render_all(view.all_json(extras(), view.parse_daemon_document(doc)))
+    assert lines[:5] == [
+        "",
+        "kube-ipvs0: 2 addresses (drift 1)",
+        "  10.96.0.10",
+        "  10.96.0.99",
+        "  ! unbind 10.96.0.99 from kube-ipvs0",
+    ]
+    assert "ipsets: 2 (drift unknown)" in lines
+    assert [ln.split() for ln in lines if "KUBE-CLUSTER-IP" in ln] == [
+        ["KUBE-CLUSTER-IP", "3", "members"]
+    ]
+    assert "iptables chains: 2 (drift unknown)" in lines
+    assert "  error: ip6tables-save -t nat: no table" in lines
+    assert ["IPv4", "nat", "KUBE-SERVICES", "2", "rules"] in [ln.split() for ln in lines]

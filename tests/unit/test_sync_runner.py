@@ -104,7 +104,7 @@ class Harness:
     def change(self, after: float, *services: str) -> None:
         """Mark ``services`` ``after`` seconds from the start."""
         for service in services:
-            self.clock.at(self.start + after, functools.partial(self.changes.mark, service, None))
+            self.clock.at(self.start + after, functools.partial(self.changes.mark, service))
 
     def run_until(self, after: float) -> list[tuple[float, str, list[str]]]:
         """Run the runner until ``after`` seconds from the start; the syncs it ran."""
@@ -158,7 +158,7 @@ def test_a_change_during_a_sync_is_applied_after_the_min_sync_period() -> None:
     h = Harness(min_sync_period=10.0)
 
     def full_while_a_change_arrives() -> SyncResult:
-        h.changes.mark("default/a", None)  # after the sync took the marks
+        h.changes.mark("default/a")  # after the sync took the marks
         return SyncResult(full=True)
 
     h.outcomes = [full_while_a_change_arrives]
@@ -169,16 +169,6 @@ def test_changes_before_a_full_sync_is_due_are_applied_incrementally() -> None:
     h = Harness(sync_period=30.0, min_sync_period=1.0)
     h.change(29.5, "default/a")
     assert h.run_until(45) == [(0, "full", []), (29.5, "changes", ["default/a"]), (30, "full", [])]
-
-
-def test_a_mark_keeps_its_first_known_trigger_time() -> None:
-    changes = ChangeTracker()
-    changes.mark("default/a", None)
-    changes.mark("default/a", 5.0)  # the first known one
-    changes.mark("default/a", 7.0)
-    changes.mark("default/b", 3.0)
-    assert changes.take() == {"default/a": 5.0, "default/b": 3.0}
-    assert changes.pending() == 0
 
 
 def _failing_one_service(h: Harness, retry_after: float) -> list[Outcome]:

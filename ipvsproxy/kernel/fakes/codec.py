@@ -120,6 +120,9 @@ class CodecIPVS(IPVS):
     def dests_with_traffic(self, key: ServiceKey) -> dict[DestKey, tuple[ObservedDest, Traffic]]:
         return self.fake.dests_with_traffic(key)
 
+    def read_timeouts(self) -> tuple[int, int, int]:
+        return self.fake.read_timeouts()
+
     def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
         self.fake.set_timeouts(tcp, tcp_fin, udp)
 

@@ -27,15 +27,21 @@ from ipvsproxy.kernel.fakes.faults import FakeBackend
 SCHEDULERS = frozenset({"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh"})
 
 
+KERNEL_DEFAULT_TIMEOUTS = (900, 120, 300)  # tcp, tcpfin, udp: a fresh kernel's
+
+
 @lru_cache(maxsize=1 << 16)
 def unicast(address: str) -> bool:
-    """Whether the kernel takes ``address`` as a real server of an IPv4 virtual server
-    (inet_addr_type: unicast or local; not 0.0.0.0/8, multicast or the broadcast address).
-    Any port is taken, 0 too."""
+    """Whether the kernel takes ``address`` as a real server of a virtual server of its
+    family: IPv4 by inet_addr_type (unicast or local; not 0.0.0.0/8, multicast or the
+    broadcast address), IPv6 by ipv6_addr_type (unicast, not link-local; the node's own
+    link-local addresses are not modelled). Any port is taken, 0 too."""
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
         return False
+    if ip.version == 6:
+        return not (ip.is_multicast or ip.is_unspecified or ip.is_link_local)
     return (
         ip.version == 4
         and not ip.is_multicast
@@ -170,6 +176,11 @@ class FakeIPVS(FakeBackend[ServiceOp | DestOp]):
             return errno.ENOENT
         have[dest] = RealServer(dest, op.server.weight, op.server.fwd_method)
         return 0
+
+    def read_timeouts(self) -> tuple[int, int, int]:
+        """As set, or the kernel's defaults before any set."""
+        self.on_call("read_timeouts")
+        return self.timeouts or KERNEL_DEFAULT_TIMEOUTS
 
     def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
         self.on_call("set_timeouts", tcp, tcp_fin, udp)

@@ -283,6 +283,19 @@ def _prefix_len(mask: int, family: int) -> int:
     return bin(struct.unpack("!I", struct.pack("=I", mask))[0]).count("1")
 
 
+def parse_config(msg: codec.Message) -> tuple[int, int, int]:
+    """The timeouts (tcp, tcpfin, udp) of the kernel's GET_CONFIG reply, in seconds."""
+    top = msg.attrs()
+    try:
+        return (
+            codec.get_u32(msg.data, top[ATTR_TIMEOUT_TCP]),
+            codec.get_u32(msg.data, top[ATTR_TIMEOUT_TCP_FIN]),
+            codec.get_u32(msg.data, top[ATTR_TIMEOUT_UDP]),
+        )
+    except KeyError as exc:
+        raise ValueError(f"IPVS config reply without timeout attribute {exc}") from None
+
+
 def parse_service(msg: codec.Message) -> VirtualServer | None:
     """A virtual server from a NEW_SERVICE dump message; None for fwmark services."""
     top = msg.attrs()
