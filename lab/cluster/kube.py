@@ -37,7 +37,7 @@ from typing import IO, Any
 from lab.cluster.controlplane import SERVICE_CIDR6, SERVICE_CIDRS, ControlPlane
 from lab.cluster.kubelet import MERGE_PATCH, LabKubelets, LabPod
 from lab.net import netns
-from lab.net.topology import Cluster, Node
+from lab.net.topology import Cluster, Node, Pod
 
 APISERVER_PORT = 6443
 HEALTHZ_PORT = 10256
@@ -47,6 +47,28 @@ CLUSTER_CIDR6 = "fd00:10:244::/48"  # an IPv6-only cluster's
 POD_ECHO_PORT = 8080
 REPO = Path(__file__).resolve().parents[2]
 SERVICE_ACCOUNT = ("kube-system", "ipvsproxy")  # deploy/serviceaccount.yaml
+
+
+ECHO_PORT_NAMES = {"TCP": "echo", "UDP": "echo-udp", "SCTP": "echo-sctp"}  # by protocol
+
+
+def echo_pods(cluster: Cluster, labels: Callable[[Pod], dict[str, str]]) -> list[LabPod]:
+    """Every lab pod as a Pod in namespace default, labelled ``labels(pod)``, with its
+    addresses and a named container port per protocol its echo servers answer on
+    (``ECHO_PORT_NAMES``, all POD_ECHO_PORT)."""
+    return [
+        LabPod(
+            p.name,
+            "default",
+            p.node,
+            p.ip,
+            labels(p),
+            {name: POD_ECHO_PORT for name in ECHO_PORT_NAMES.values()},
+            protocols={"echo-udp": "UDP", "echo-sctp": "SCTP"},
+            ip6=p.ip6 or None,
+        )
+        for p in cluster.pods
+    ]
 
 
 def http_get_from(ns: str | None, url: str, timeout: float = 3.0) -> tuple[int, str]:

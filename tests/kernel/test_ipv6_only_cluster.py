@@ -14,11 +14,9 @@ from typing import Any
 
 import pytest
 
-from lab.cluster.kube import HEALTHZ_PORT, POD_ECHO_PORT, LabKube, http_get_from
-from lab.cluster.kubelet import LabPod
+from lab.cluster.kube import HEALTHZ_PORT, LabKube, echo_pods, http_get_from
 from lab.net.topology import Cluster, Node
 from tests.kernel.test_ipv6_services import (
-    NAMED,
     answered,
     ask,
     core,
@@ -41,19 +39,7 @@ def kube(lab_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     """The IPv6-only control plane, Nodes with their IPv6 pod CIDRs, every lab pod (IPv6 only)
     labelled app=only6 and at=<its node>, the daemons."""
     lab = LabKube(lab_cluster, tmp_path_factory.mktemp("ipv6only"), pod_cidrs=True)
-    pods = [
-        LabPod(
-            p.name,
-            "default",
-            p.node,
-            p.ip,
-            {"app": APP, "at": p.node},
-            {name: POD_ECHO_PORT for name in NAMED.values()},
-            protocols={"echo-udp": "UDP", "echo-sctp": "SCTP"},
-            ip6=p.ip6,
-        )
-        for p in lab_cluster.pods
-    ]
+    pods = echo_pods(lab_cluster, lambda p: {"app": APP, "at": p.node})
     try:
         yield lab.start(pods)
     finally:

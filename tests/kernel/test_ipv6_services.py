@@ -14,15 +14,14 @@ from typing import Any
 
 import pytest
 
-from lab.cluster.kube import POD_ECHO_PORT, LabKube, wait_for
-from lab.cluster.kubelet import LabPod
+from lab.cluster.kube import ECHO_PORT_NAMES, LabKube, echo_pods, wait_for
 from lab.net import netns
 from lab.net.topology import Cluster, Node
 
 pytestmark = pytest.mark.kernel
 
 PROTOCOLS = {"TCP": netns.tcp_request, "UDP": netns.udp_request, "SCTP": netns.sctp_request}
-NAMED = {"TCP": "echo", "UDP": "echo-udp", "SCTP": "echo-sctp"}
+NAMED = ECHO_PORT_NAMES
 
 
 @pytest.fixture(scope="module")
@@ -30,19 +29,7 @@ def kube(lab_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     """The dual-stack control plane, every lab pod (both addresses) labelled app=six, the
     daemons."""
     lab = LabKube(lab_cluster, tmp_path_factory.mktemp("ipv6"))
-    pods = [
-        LabPod(
-            p.name,
-            "default",
-            p.node,
-            p.ip,
-            {"app": "six"},
-            {name: POD_ECHO_PORT for name in NAMED.values()},
-            protocols={"echo-udp": "UDP", "echo-sctp": "SCTP"},
-            ip6=p.ip6,
-        )
-        for p in lab_cluster.pods
-    ]
+    pods = echo_pods(lab_cluster, lambda p: {"app": "six"})
     try:
         yield lab.start(pods)
     finally:
