@@ -29,6 +29,16 @@ _REFUSED_FLAGS = {
 }
 
 
+def ignored_flags() -> tuple[str, ...]:
+    """Upstream's flags ipvsproxy accepts and ignores, with a warning."""
+    return (*_IGNORED_FLAGS, *_IGNORED_BOOL_FLAGS)
+
+
+def refused_flags() -> dict[str, str]:
+    """Upstream's flags that stop start-up, each with the reason given."""
+    return dict(_REFUSED_FLAGS)
+
+
 def _dest(flag: str) -> str:
     return "_upstream_" + flag.lstrip("-").replace("-", "_")
 

@@ -93,6 +93,22 @@ def _schema() -> _Node:
 _SCHEMA = _schema()
 
 
+def fields() -> Iterator[tuple[str, Setting | None]]:
+    """Every field of upstream's file by its path: its setting, or None for one ipvsproxy
+    ignores (a warning when set). apiVersion and kind are left out."""
+    return _leaves(_SCHEMA, "")
+
+
+def _leaves(node: _Node, prefix: str) -> Iterator[tuple[str, Setting | None]]:
+    for key, spec in node.items():
+        if spec is None:
+            continue
+        if isinstance(spec, dict):
+            yield from _leaves(spec, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", spec if isinstance(spec, Setting) else None
+
+
 def _zero_duration_or(value: Any, default: Any) -> bool:
     if not isinstance(value, str):
         return False
