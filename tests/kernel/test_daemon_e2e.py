@@ -26,6 +26,7 @@ import pytest
 
 from lab.cluster.kube import (
     APISERVER_PORT,
+    Daemons,
     LabKube,
     healthz,
     http_get_from,
@@ -398,3 +399,39 @@ def test_an_invalid_configuration_touches_nothing(
     assert "invalid configuration" in proc.stderr and message in proc.stderr
     assert node_dump(lab_cluster, node) == before
     assert not (tmp_path / "s.json").exists()
+
+
+def test_a_config_file_change_stops_the_daemon_and_leaves_the_dataplane(
+    lab_cluster: Cluster, kube: LabKube, tmp_path: Path
+) -> None:
+    """The daemon as kubeadm's DaemonSet runs kube-proxy: --config FILE, JSON logs. Every log
+    line is component-base's JSON; a change of the file's content stops the daemon (exit 1, the
+    reason upstream gives), and what it programmed stays in the kernel."""
+    from kubernetes import client
+
+    node = lab_cluster.nodes[0]
+    config = tmp_path / "config.conf"
+    config.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        "mode: ipvs\nlogging:\n  format: json\n"
+    )
+    daemons = Daemons(
+        lab_cluster, kube.daemon_kubeconfig, tmp_path, ("--config", str(config)), nodes=[node]
+    )
+    kube.daemons = daemons  # stopped and cleaned up by the fixture
+    cluster_ip = http_service(
+        client.CoreV1Api(kube.api), client.DiscoveryV1Api(kube.api), "conf", lab_cluster.pods[0]
+    )
+    kube.wait_first_sync(node)
+    wait_for(lambda: f"{cluster_ip}:80" in ipvs_rules(lab_cluster, node), 30, "Service programmed")
+    programmed = node_dump(lab_cluster, node)
+    config.write_text(config.read_text() + "ipvs:\n  scheduler: wrr\n")
+    wait_for(lambda: node.name in daemons.exited(), 30, "the daemon's exit")
+    assert daemons.exited() == {node.name: 1}
+    lines = (tmp_path / f"{node.name}.log").read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # every line is JSON
+    assert len(records) > 3 and all({"ts", "caller", "msg"} <= set(r) for r in records)
+    reason = "content of the proxy server's configuration file was updated"
+    stops = [r for r in records if reason in json.dumps(r)]
+    assert stops and "v" not in stops[0]  # logged as an error, as upstream
+    assert node_dump(lab_cluster, node) == programmed
