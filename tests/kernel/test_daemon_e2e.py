@@ -26,6 +26,7 @@ import pytest
 
 from lab.cluster.kube import (
     APISERVER_PORT,
+    SERVICE_ACCOUNT,
     Daemons,
     LabKube,
     healthz,
@@ -435,3 +436,54 @@ def test_a_config_file_change_stops_the_daemon_and_leaves_the_dataplane(
     stops = [r for r in records if reason in json.dumps(r)]
     assert stops and "v" not in stops[0]  # logged as an error, as upstream
     assert node_dump(lab_cluster, node) == programmed
+
+
+def bound_token(kube: LabKube, secret: str) -> str:
+    """A token of deploy/'s ServiceAccount bound to a new Secret: deleting the Secret revokes
+    it, as deleting a Pod revokes its projected token."""
+    namespace, account = SERVICE_ACCOUNT
+    cp = kube.controlplane
+    cp.call("POST", f"/api/v1/namespaces/{namespace}/secrets", {"metadata": {"name": secret}})
+    out = cp.call(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"boundObjectRef": {"kind": "Secret", "apiVersion": "v1", "name": secret}},
+        },
+    )
+    return str(out["status"]["token"])
+
+
+def test_a_rotated_token_file_is_read_again(
+    lab_cluster: Cluster, kube: LabKube, tmp_path: Path
+) -> None:
+    """kubeadm's kubeconfig.conf names the pod's projected token by tokenFile, which the kubelet
+    rotates: after the old token is revoked, the daemon goes on with the file's new one (read
+    again at most once a minute, as client-go does)."""
+    from kubernetes import client
+
+    node = lab_cluster.nodes[0]
+    token = tmp_path / "token"
+    token.write_text(bound_token(kube, "token-a") + "\n")
+    kubeconfig = json.loads(kube.daemon_kubeconfig.read_text())
+    kubeconfig["users"][0]["user"] = {"tokenFile": str(token)}
+    (tmp_path / "kubeconfig").write_text(json.dumps(kubeconfig))
+    daemons = Daemons(
+        lab_cluster, tmp_path / "kubeconfig", tmp_path, kube.daemon_flags, nodes=[node]
+    )
+    kube.daemons = daemons
+    kube.wait_first_sync(node)
+    token.write_text(bound_token(kube, "token-b") + "\n")
+    namespace = SERVICE_ACCOUNT[0]
+    kube.controlplane.call("DELETE", f"/api/v1/namespaces/{namespace}/secrets/token-a")
+    log = tmp_path / f"{node.name}.log"
+    rejected = "rejected ipvsproxy's credentials (401 Unauthorized"
+    # the watches renew every 3 s (--watch-timeout); once token-a is refused, no request the
+    # daemon makes succeeds until it reads the file again (within a minute of its first read)
+    wait_for(lambda: rejected in log.read_text(errors="replace"), 60, "token-a refused")
+    core, disc = client.CoreV1Api(kube.api), client.DiscoveryV1Api(kube.api)
+    cluster_ip = http_service(core, disc, "rotated", lab_cluster.pods[0])
+    wait_for(lambda: f"{cluster_ip}:80" in ipvs_rules(lab_cluster, node), 150, "new Service")
+    assert daemons.exited() == {}
