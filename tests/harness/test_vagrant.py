@@ -219,7 +219,8 @@ def vm(record: Record) -> Record:
 
 
 def machines(config: Record) -> dict[str, Record]:
-    """name -> {ips, hostname, primary, providers: {name: attrs}, provisioners: [kwargs]}."""
+    """name -> {ips, hostname, primary, providers: {name: attrs}, provisioners: [kwargs],
+    folders: [args of synced_folder], triggers: [(timing, actions)]}."""
     result: dict[str, Record] = {}
     for define in calls(vm(config), "define"):
         node = vm(define["child"])
@@ -233,8 +234,23 @@ def machines(config: Record) -> dict[str, Record]:
             "primary": bool(define["kwargs"].get("primary")),
             "providers": {str(p["args"][0]): p["child"]["attrs"] for p in calls(node, "provider")},
             "provisioners": [p["kwargs"] for p in calls(node, "provision")],
+            "folders": [f["args"] for f in calls(node, "synced_folder")],
+            "triggers": triggers(define["child"]),
         }
     return result
+
+
+def triggers(record: Record) -> list[tuple[str, list[str]]]:
+    """The triggers a configuration (or a machine's) defines: (before|after, [actions])."""
+    found = []
+    for timing in ("before", "after"):
+        for call in calls(record.get("children", {}).get("trigger", {"calls": []}), timing):
+            found.append((timing, [str(a) for a in call["args"][0:1] for a in _listed(a)]))
+    return found
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
 
 
 def machine_problems(found: Mapping[str, Record]) -> list[str]:
@@ -319,13 +335,52 @@ def test_bad_resource_setting_stops_vagrant() -> None:
     assert "IPVSPROXY_WORKER_MEMORY" in proc.stderr
 
 
-def test_repository_is_shared_two_way_at_vagrant() -> None:
-    """The control plane writes the join command for the workers into the shared folder: a
-    one-way (rsync) share would leave them waiting forever."""
-    folders = calls(vm(vagrant_record(VAGRANTFILE)), "synced_folder")
-    assert [f["args"][:2] for f in folders] == [["..", "/vagrant"]]
-    options = folders[0]["args"][2] if len(folders[0]["args"]) > 2 else folders[0]["kwargs"]
-    assert options["type"] == "nfs"
+def folder_options(env: Mapping[str, str] | None = None) -> dict[str, Record]:
+    """Each machine's options for its one synced folder, the repository at /vagrant."""
+    options = {}
+    for name, machine in machines(vagrant_record(VAGRANTFILE, env)).items():
+        assert [f[:2] for f in machine["folders"]] == [["..", "/vagrant"]], name
+        options[name] = machine["folders"][0][2]
+    assert calls(vm(vagrant_record(VAGRANTFILE, env)), "synced_folder") == []
+    return options
+
+
+def test_repository_reaches_the_machines_by_rsync_by_default() -> None:
+    """rsync needs no NFS server and works with both providers. It is one-way, which is
+    enough: the machines read vagrant/.cluster, nothing on them writes there. What stays on the
+    host: Git objects and the host's virtual environment, the files the host copied out of
+    `cp`, and, for the workers, the CA's key."""
+    options = folder_options()
+    for name, opts in options.items():
+        assert opts["type"] == "rsync", name
+        excludes = opts["rsync__exclude"]
+        assert {"/.git/", "/.venv/", ".vagrant/", "/vagrant/.cluster/admin.conf"} <= set(excludes)
+        assert not any("bootstrap-token" in e or "ca.crt" in e for e in excludes), name
+        assert ("/vagrant/.cluster/ca.key" in excludes) == (ROLES[name] == "worker"), name
+
+
+def test_other_synced_folders_stay_selectable() -> None:
+    nfs = folder_options({"IPVSPROXY_SYNCED_FOLDER": "nfs"})
+    assert all(o == {"type": "nfs", "nfs_version": 4, "nfs_udp": False} for o in nfs.values())
+    for kind in ("virtiofs", "virtualbox"):
+        opts = folder_options({"IPVSPROXY_SYNCED_FOLDER": kind})
+        assert all(o == {"type": kind} for o in opts.values()), opts
+    # virtiofs needs the guest memory shared with virtiofsd; nothing else does.
+    for kind, shared in (("virtiofs", True), ("rsync", False)):
+        libvirt = calls(
+            vm(vagrant_record(VAGRANTFILE, {"IPVSPROXY_SYNCED_FOLDER": kind})), "provider"
+        )
+        backing = [c for p in libvirt for c in calls(p["child"], "memorybacking")]
+        assert bool(backing) == shared, kind
+
+
+def test_unknown_synced_folder_stops_vagrant() -> None:
+    proc = run(
+        [tool(RUBY), "-e", RUBY_STUB, str(VAGRANTFILE)],
+        env={**os.environ, "IPVSPROXY_SYNCED_FOLDER": "smb"},
+    )
+    assert proc.returncode != 0
+    assert "IPVSPROXY_SYNCED_FOLDER" in proc.stderr
 
 
 # --- settings the scripts require --------------------------------------------------------------
@@ -365,13 +420,14 @@ REFERENCE = re.compile(r"(?:(?<![\w.-])/vagrant|\$\{?REPO_DIR\}?|\$\{?PROVISION_
 
 def references(text: str) -> set[str]:
     """Repository paths a script uses, through /vagrant, $REPO_DIR or $PROVISION_DIR; the
-    files the lab writes at run time (vagrant/.cluster) excluded."""
+    files the lab makes at run time (vagrant/.cluster, also named by the Vagrantfile's rsync
+    patterns, which are anchored at the repository: /vagrant/.cluster/...) excluded."""
     found = set()
     for match in REFERENCE.finditer(text):
         path = match.group(1).rstrip(".")
         if match.group(0).startswith(("$PROVISION_DIR", "${PROVISION_DIR}")):
             path = f"vagrant/provision/{path}"
-        if not path.startswith("vagrant/.cluster") and path != "vagrant/.vagrant":
+        if not path.startswith(("vagrant/.cluster", ".cluster/")) and path != "vagrant/.vagrant":
             found.add(path)
     return found
 
@@ -734,17 +790,6 @@ def test_pod_subnet_is_read_from_the_cluster_configuration() -> None:
     assert proc.returncode == 1 and "podSubnet" in proc.stderr
 
 
-def test_join_command_pattern_accepts_kubeadm_output_only() -> None:
-    """Workers run the join command from the shared folder only if it has kubeadm's shape."""
-    good = (
-        "kubeadm join 192.168.56.10:6443 --token abcdef.0123456789abcdef "
-        "--discovery-token-ca-cert-hash sha256:" + "0" * 64
-    )
-    script = f'. "{PROVISION}/common.sh"; [[ $1 =~ $JOIN_COMMAND_RE ]]'
-    assert run(["bash", "-c", script, "-", good]).returncode == 0
-    assert run(["bash", "-c", script, "-", good + "; rm -rf /"]).returncode != 0
-
-
 def common_sh(snippet: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run a snippet of bash with provision/common.sh sourced (only its pure helpers)."""
     script = f'set -euo pipefail; . "{PROVISION}/common.sh"; {snippet}'
@@ -783,3 +828,155 @@ def test_install_file_reports_whether_it_changed_the_file(tmp_path: Path) -> Non
     assert outputs == ["changed", "same", "changed"]
     assert target.read_text() == "b\n"
     assert oct(target.stat().st_mode & 0o777) == "0o640"
+
+
+# --- the cluster's token and CA, made on the host -----------------------------------------------
+
+# RUBY_STUB without its report: the Vagrantfile loaded (its helpers defined), then a snippet.
+RUBY_HELPERS = RUBY_STUB.replace("puts JSON.generate(Vagrant.configs)\n", "")
+
+
+def vagrant_ruby(snippet: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run snippet with the Vagrantfile's helper methods defined; args are ARGV[1..]."""
+    return run([tool(RUBY), "-e", RUBY_HELPERS + snippet, str(VAGRANTFILE), *args])
+
+
+def make_secrets(cluster: Path, threads: int = 1) -> None:
+    """lab_ensure_cluster_secrets from several threads at once, as libvirt's parallel
+    `vagrant up` runs the trigger."""
+    snippet = (
+        f"{threads}.times.map {{ Thread.new {{ lab_ensure_cluster_secrets(ARGV[1]) }} }}"
+        ".each(&:join)\n"
+    )
+    proc = vagrant_ruby(snippet, str(cluster))
+    assert proc.returncode == 0, proc.stderr
+
+
+def openssl(*args: str, stdin: str | None = None) -> str:
+    proc = run(["openssl", *args], input=stdin)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_cluster_secrets_are_made_once_as_one_set(tmp_path: Path) -> None:
+    cluster = tmp_path / "vagrant" / ".cluster"
+    make_secrets(cluster, threads=4)
+    files = {p.name: p for p in cluster.iterdir() if p.name != ".lock"}
+    assert set(files) == {"bootstrap-token", "ca.crt", "ca.key"}
+    modes = {name: oct(path.stat().st_mode & 0o777) for name, path in files.items()}
+    assert modes == {"bootstrap-token": "0o600", "ca.crt": "0o644", "ca.key": "0o600"}
+    assert oct(cluster.stat().st_mode & 0o777) == "0o700"
+    before = {name: path.read_bytes() for name, path in files.items()}
+    make_secrets(cluster)
+    assert {name: path.read_bytes() for name, path in files.items()} == before
+    # A set missing a part is made anew, whole: a token never pairs with another cluster's CA.
+    files["ca.key"].unlink()
+    make_secrets(cluster)
+    assert files["bootstrap-token"].read_bytes() != before["bootstrap-token"]
+    assert files["ca.crt"].read_bytes() != before["ca.crt"]
+
+
+def test_cluster_ca_is_a_ca_kubeadm_can_use(tmp_path: Path) -> None:
+    cluster = tmp_path / "vagrant" / ".cluster"
+    make_secrets(cluster)
+    text = openssl("x509", "-noout", "-text", "-in", str(cluster / "ca.crt"))
+    assert "Subject: CN = kubernetes" in text and "CA:TRUE" in text
+    assert "Certificate Sign" in text and "DNS:kubernetes" in text
+    # The key is the certificate's: kubeadm signs every other certificate with it.
+    cert_pub = openssl("x509", "-pubkey", "-noout", "-in", str(cluster / "ca.crt"))
+    key_pub = openssl("pkey", "-pubout", "-in", str(cluster / "ca.key"))
+    assert cert_pub == key_pub
+    openssl("verify", "-CAfile", str(cluster / "ca.crt"), str(cluster / "ca.crt"))
+
+
+def test_workers_pin_the_hash_the_host_computes(tmp_path: Path) -> None:
+    """The worker computes the CA public key's hash with openssl (provision/common.sh); the
+    Vagrantfile's Ruby does it independently: they must agree, and differ for another CA."""
+    hashes = []
+    for name in ("one", "two"):
+        cluster = tmp_path / name / "vagrant" / ".cluster"
+        make_secrets(cluster)
+        ruby = vagrant_ruby("puts lab_ca_cert_hash(File.read(ARGV[1]))", str(cluster / "ca.crt"))
+        assert ruby.returncode == 0, ruby.stderr
+        shell = common_sh('ca_cert_hash "$1"', str(cluster / "ca.crt"))
+        assert shell.returncode == 0, shell.stderr
+        assert re.fullmatch(r"[0-9a-f]{64}\n", shell.stdout)
+        assert shell.stdout == ruby.stdout
+        hashes.append(shell.stdout)
+    assert hashes[0] != hashes[1]
+
+
+def test_bootstrap_token_is_read_only_with_a_tokens_shape(tmp_path: Path) -> None:
+    cluster = tmp_path / "vagrant" / ".cluster"
+    make_secrets(cluster)
+    read = 'REPO_DIR="$1"; . "' + str(PROVISION) + '/common.sh"; read_bootstrap_token'
+    ok = run(["bash", "-c", read, "-", str(tmp_path)])
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout == (cluster / "bootstrap-token").read_text()
+    assert re.fullmatch(r"[a-z0-9]{6}\.[a-z0-9]{16}\n", ok.stdout)
+    (cluster / "bootstrap-token").write_text("abcdef.0123456789abcdef; reboot\n")
+    bad = run(["bash", "-c", read, "-", str(tmp_path)])
+    assert bad.returncode != 0 and "bootstrap token" in bad.stderr
+    (cluster / "bootstrap-token").unlink()
+    gone = run(["bash", "-c", read, "-", str(tmp_path)])
+    assert gone.returncode != 0 and "vagrant rsync" in gone.stderr
+
+
+FAKE_MACHINE = """
+Comm = Struct.new(:files) do
+  def test(command, opts = {})
+    raise "not as root: #{command}" unless opts[:sudo]
+    files.key?(command.split.last)
+  end
+
+  def sudo(command, opts = {})
+    raise "unchecked: #{command}" unless opts[:error_check]
+    yield :stderr, "noise"
+    yield :stdout, files.fetch(command.split.last)
+    0
+  end
+end
+UI = Struct.new(:warnings) { def warn(text) = warnings << text }
+Machine = Struct.new(:communicate, :ui, :name)
+machine = Machine.new(Comm.new({"/etc/kubernetes/admin.conf" => "kind: Config\n"}), UI.new([]), :cp)
+lab_export_cluster_access(machine, ARGV[1])
+puts machine.ui.warnings
+"""
+
+
+def test_host_copies_the_admin_kubeconfig_out_of_cp(tmp_path: Path) -> None:
+    """What the trigger after `cp` is up does, against a stand-in for the machine's SSH
+    communicator: the file it has is copied (stdout only, mode 0600), the one it has not yet is
+    reported and left alone."""
+    cluster = tmp_path / ".cluster"
+    proc = vagrant_ruby(FAKE_MACHINE, str(cluster))
+    assert proc.returncode == 0, proc.stderr
+    assert (cluster / "admin.conf").read_text() == "kind: Config\n"
+    assert oct((cluster / "admin.conf").stat().st_mode & 0o777) == "0o600"
+    assert not (cluster / "ipvsproxy.env").exists()
+    assert "/var/lib/ipvsproxy-lab/ipvsproxy.env is not there yet" in proc.stdout
+
+
+def test_triggers_make_secrets_before_up_and_copy_access_from_cp() -> None:
+    config = vagrant_record(VAGRANTFILE)
+    assert triggers(config) == [("before", ["up"])]
+    found = machines(config)
+    assert found["cp"]["triggers"] == [
+        ("after", ["up", "provision", "reload"]),
+        ("after", ["destroy"]),
+    ]
+    assert found["worker1"]["triggers"] == found["worker2"]["triggers"] == []
+
+
+def test_proxy_target_names_deploys_daemonset() -> None:
+    """Workers read where ipvsproxy runs from deploy/ itself; the names are those the control
+    plane's overlay reports."""
+    proc = overlay("target", "--base", str(REPO / "deploy"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "IPVSPROXY_NAMESPACE=kube-system",
+        "IPVSPROXY_DAEMONSET=ipvsproxy",
+        "IPVSPROXY_CONTAINER=ipvsproxy",
+    ]
+    wrong = overlay("target", "--base", str(REPO / "deploy"), "--image", "example.org/x:1")
+    assert wrong.returncode == 1 and "example.org/x:1" in wrong.stderr
