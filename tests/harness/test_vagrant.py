@@ -9,8 +9,14 @@ repository, a `kubeadm init` that would install kube-proxy, an overlay that kust
 without the values it was written for. Every checking function is also run on a deliberately
 broken input, to show it reports what it is there to catch.
 
-ruby and shellcheck are installed by lab/install-host-packages.sh; a missing one fails these
-tests (it never skips them).
+The real `vagrant validate` runs too, once per provider (libvirt and VirtualBox) and synced
+folder choice: it loads the Vagrantfile with Vagrant's own configuration classes and the
+providers' plugins, which catch what a Ruby stub cannot (a misspelt setting, an option a
+provider does not have, a synced folder type that cannot work with the provider). It boots
+nothing and downloads no box.
+
+ruby, shellcheck, openssl, rsync, vagrant and vagrant-libvirt are installed by
+lab/install-host-packages.sh; a missing one fails these tests (it never skips them).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ PROVISION = VAGRANT / "provision"
 OVERLAY = PROVISION / "overlay.py"
 RUBY = Path("/usr/bin/ruby")
 SHELLCHECK = Path("/usr/bin/shellcheck")
+VAGRANT_CLI = Path("/usr/bin/vagrant")
 KUBECTL = Path(sys.executable).parent / "kubectl"
 
 MACHINES = {"cp": "192.168.56.10", "worker1": "192.168.56.11", "worker2": "192.168.56.12"}
@@ -52,27 +59,6 @@ def tool(path: Path) -> str:
 
 def run(args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(args), capture_output=True, text=True, check=False, **kwargs)
-
-
-# --- Ruby syntax -------------------------------------------------------------------------------
-
-
-def ruby_syntax_errors(path: Path) -> str:
-    """Empty when `ruby -c` accepts the file, else ruby's complaint."""
-    proc = run([tool(RUBY), "-c", str(path)])
-    return "" if proc.returncode == 0 else proc.stdout + proc.stderr
-
-
-def test_vagrantfile_is_valid_ruby() -> None:
-    assert ruby_syntax_errors(VAGRANTFILE) == ""
-
-
-def test_ruby_syntax_check_reports_a_broken_vagrantfile(tmp_path: Path) -> None:
-    broken = tmp_path / "Vagrantfile"
-    text = VAGRANTFILE.read_text()
-    last_end = text.rstrip().rfind("end")
-    broken.write_text(text[:last_end])  # the block of Vagrant.configure is never closed
-    assert "syntax error" in ruby_syntax_errors(broken)
 
 
 # --- shellcheck --------------------------------------------------------------------------------
@@ -980,3 +966,150 @@ def test_proxy_target_names_deploys_daemonset() -> None:
     ]
     wrong = overlay("target", "--base", str(REPO / "deploy"), "--image", "example.org/x:1")
     assert wrong.returncode == 1 and "example.org/x:1" in wrong.stderr
+
+
+# --- vagrant validate ----------------------------------------------------------------------------
+
+# What `vagrant validate` asks of the host beyond Vagrant, stood in for: VirtualBox's
+# VBoxManage (the provider reports itself unusable without it; only `--version` is asked) and,
+# for NFS, the host's NFS server (Linux: `systemctl` with systemd, `modinfo nfsd` without).
+HOST_STUBS = {
+    "VBoxManage": 'case "$1" in --version) echo 7.0.14r161095 ;; *) exit 1 ;; esac',
+    "modinfo": 'test "$1" = nfsd',
+    "systemctl": "echo nfs-server.service loaded active running",
+}
+
+
+def vagrant_validate(
+    vagrantfile: Path, provider: str, tmp: Path, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`vagrant validate` of the Vagrantfile in its directory with provider as the default
+    provider; Vagrant's home and the machines' state in tmp, never in the repository."""
+    stubs = tmp / "host-stubs"
+    stubs.mkdir(parents=True, exist_ok=True)
+    for name, body in HOST_STUBS.items():
+        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stubs / name).chmod(0o755)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("IPVSPROXY_", "VAGRANT_"))}
+    environ.update(
+        PATH=f"{stubs}:{environ.get('PATH', '/usr/bin:/bin')}",
+        VAGRANT_HOME=str(tmp / "vagrant-home"),
+        VAGRANT_DOTFILE_PATH=str(tmp / "vagrant-dotfile"),
+        VAGRANT_CHECKPOINT_DISABLE="1",
+        VAGRANT_DEFAULT_PROVIDER=provider,
+    )
+    environ.update(env or {})
+    proc = run([tool(VAGRANT_CLI), "validate"], cwd=vagrantfile.parent, env=environ)
+    boxes = tmp / "vagrant-home" / "boxes"
+    assert not boxes.exists() or not any(boxes.iterdir()), "vagrant validate added a box"
+    return proc
+
+
+def validated(proc: subprocess.CompletedProcess[str]) -> bool:
+    return proc.returncode == 0 and "Vagrantfile validated successfully" in proc.stdout
+
+
+def broken_vagrantfile(tmp: Path, old: str, new: str) -> Path:
+    """A copy of the Vagrantfile with old replaced, at tmp/vagrant/Vagrantfile (its synced
+    folder, "..", is then tmp)."""
+    text = VAGRANTFILE.read_text()
+    assert old in text, old
+    path = tmp / "vagrant" / "Vagrantfile"
+    path.parent.mkdir(parents=True)
+    path.write_text(text.replace(old, new))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("provider", "synced_folder"),
+    [
+        ("libvirt", "rsync"),
+        ("libvirt", "nfs"),
+        ("virtualbox", "rsync"),
+        ("virtualbox", "nfs"),
+        ("virtualbox", "virtualbox"),
+    ],
+)
+def test_vagrant_validate_accepts_the_vagrantfile(
+    tmp_path: Path, provider: str, synced_folder: str
+) -> None:
+    """Each provider with each synced folder it can use. (virtiofs is left out: Vagrant's
+    validation asks a running libvirtd for its version. Its settings are checked above.)"""
+    cluster_before = (VAGRANT / ".cluster").exists()
+    proc = vagrant_validate(
+        VAGRANTFILE, provider, tmp_path, {"IPVSPROXY_SYNCED_FOLDER": synced_folder}
+    )
+    assert validated(proc), proc.stdout + proc.stderr
+    # Validation runs no trigger and keeps its state in tmp: nothing is made in vagrant/.
+    assert (VAGRANT / ".cluster").exists() == cluster_before
+    assert not (VAGRANT / ".vagrant").exists()
+
+
+def test_vagrant_validate_reports_a_ruby_syntax_error(tmp_path: Path) -> None:
+    """(What `ruby -c` checked before the real validation ran here.)"""
+    text = VAGRANTFILE.read_text()
+    last_end = text.rstrip().rfind("end")
+    broken = broken_vagrantfile(tmp_path, text, text[:last_end])  # Vagrant.configure unclosed
+    proc = vagrant_validate(broken, "libvirt", tmp_path)
+    assert not validated(proc)
+    assert "syntax error" in proc.stderr
+
+
+def test_vagrant_validate_default_needs_no_nfs_on_the_host(tmp_path: Path) -> None:
+    """The defaults validate with no NFS server on the host (the stubs say there is none)."""
+    no_nfs = {"PATH": f"{tmp_path / 'no-nfs'}:/usr/bin:/bin"}
+    (tmp_path / "no-nfs").mkdir()
+    for name, body in (("modinfo", "exit 1"), ("systemctl", "exit 1")):
+        (tmp_path / "no-nfs" / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / "no-nfs" / name).chmod(0o755)
+    assert validated(vagrant_validate(VAGRANTFILE, "libvirt", tmp_path / "a", no_nfs))
+    nfs = vagrant_validate(
+        VAGRANTFILE, "libvirt", tmp_path / "b", {**no_nfs, "IPVSPROXY_SYNCED_FOLDER": "nfs"}
+    )
+    assert not validated(nfs) and "NFS" in nfs.stderr
+
+
+@pytest.mark.parametrize("provider", ["libvirt", "virtualbox"])
+def test_vagrant_validate_reports_an_unknown_setting(tmp_path: Path, provider: str) -> None:
+    broken = broken_vagrantfile(
+        tmp_path,
+        "machine.vm.hostname = node[:name]",
+        "machine.vm.hostnme = node[:name]",
+    )
+    proc = vagrant_validate(broken, provider, tmp_path)
+    assert not validated(proc)
+    assert "hostnme" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("provider", "old", "new"),
+    [
+        ("libvirt", "libvirt.cpus = node[:cpus]", "libvirt.cpu = node[:cpus]"),
+        ("virtualbox", "vb.cpus = node[:cpus]", "vb.cpu = node[:cpus]"),
+    ],
+)
+def test_vagrant_validate_reports_a_bad_provider_setting_for_that_provider(
+    tmp_path: Path, provider: str, old: str, new: str
+) -> None:
+    """A provider's block is validated only when that provider is the one in use: the reason
+    both are validated."""
+    broken = broken_vagrantfile(tmp_path, old, new)
+    proc = vagrant_validate(broken, provider, tmp_path / "a")
+    assert not validated(proc)
+    assert "cpu" in proc.stderr and "shouldn't exist" in proc.stderr
+    other = "virtualbox" if provider == "libvirt" else "libvirt"
+    assert validated(vagrant_validate(broken, other, tmp_path / "b"))
+
+
+def test_vagrant_validate_reports_a_share_the_provider_cannot_use(tmp_path: Path) -> None:
+    proc = vagrant_validate(
+        VAGRANTFILE, "libvirt", tmp_path, {"IPVSPROXY_SYNCED_FOLDER": "virtualbox"}
+    )
+    assert not validated(proc)
+    assert "synced folder type 'virtualbox'" in proc.stderr
+
+
+def test_vagrant_validate_reports_a_bad_setting_of_ours(tmp_path: Path) -> None:
+    proc = vagrant_validate(VAGRANTFILE, "libvirt", tmp_path, {"IPVSPROXY_SYNCED_FOLDER": "smb"})
+    assert not validated(proc)
+    assert "IPVSPROXY_SYNCED_FOLDER" in proc.stderr
