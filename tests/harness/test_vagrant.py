@@ -43,6 +43,7 @@ OVERLAY = PROVISION / "overlay.py"
 RUBY = Path("/usr/bin/ruby")
 SHELLCHECK = Path("/usr/bin/shellcheck")
 VAGRANT_CLI = Path("/usr/bin/vagrant")
+OPENSSL = Path("/usr/bin/openssl")
 KUBECTL = Path(sys.executable).parent / "kubectl"
 
 MACHINES = {"cp": "192.168.56.10", "worker1": "192.168.56.11", "worker2": "192.168.56.12"}
@@ -839,7 +840,7 @@ def make_secrets(cluster: Path, threads: int = 1) -> None:
 
 
 def openssl(*args: str, stdin: str | None = None) -> str:
-    proc = run(["openssl", *args], input=stdin)
+    proc = run([tool(OPENSSL), *args], input=stdin)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -1113,3 +1114,15 @@ def test_vagrant_validate_reports_a_bad_setting_of_ours(tmp_path: Path) -> None:
     proc = vagrant_validate(VAGRANTFILE, "libvirt", tmp_path, {"IPVSPROXY_SYNCED_FOLDER": "smb"})
     assert not validated(proc)
     assert "IPVSPROXY_SYNCED_FOLDER" in proc.stderr
+
+
+def test_ci_installs_what_these_checks_run() -> None:
+    """CI gets its Debian packages from lab/install-host-packages.sh (`make test`)."""
+    script = (REPO / "lab" / "install-host-packages.sh").read_text()
+    packages = {
+        word
+        for value in re.findall(r'^PKGS="([^"]*)"$', script, re.M)
+        for word in value.split()
+        if not word.startswith("$")
+    }
+    assert {"shellcheck", "ruby", "openssl", "rsync", "vagrant", "vagrant-libvirt"} <= packages
