@@ -481,6 +481,43 @@ def test_kubeadm_check_reports_an_init_that_installs_kube_proxy() -> None:
     assert kubeadm_init_problems("kubeadm join x") == ["no kubeadm init"]
 
 
+def kubeadm_join_problems(script: str) -> list[str]:
+    """What is wrong with the script's `kubeadm join` calls (continuation lines joined): each
+    must pin the cluster CA's public key and name the node."""
+    joined = re.sub(r"\\\n\s*", " ", script)
+    joins = [
+        line
+        for line in joined.splitlines()
+        if re.match(r"\s*(?:(?:until|if|while)\s+)?kubeadm join\b", line)
+    ]
+    if not joins:
+        return ["no kubeadm join"]
+    problems = []
+    for line in joins:
+        if '--discovery-token-ca-cert-hash "sha256:$hash"' not in line:
+            problems.append(f"CA not pinned: {line.strip()}")
+        if "unsafe-skip-ca-verification" in line:
+            problems.append(f"CA verification skipped: {line.strip()}")
+        if '--node-name="$NODE_NAME"' not in line:
+            problems.append(f"node name not given: {line.strip()}")
+    return problems
+
+
+def test_workers_join_pinning_the_cluster_ca() -> None:
+    assert kubeadm_join_problems((PROVISION / "worker.sh").read_text()) == []
+
+
+def test_join_check_reports_an_unpinned_join() -> None:
+    text = (PROVISION / "worker.sh").read_text()
+    pinned = '--discovery-token-ca-cert-hash "sha256:$hash"'
+    assert pinned in text
+    problems = kubeadm_join_problems(
+        text.replace(pinned, "--discovery-token-unsafe-skip-ca-verification")
+    )
+    assert [p.split(":")[0] for p in problems] == ["CA not pinned", "CA verification skipped"]
+    assert kubeadm_join_problems("kubeadm init") == ["no kubeadm join"]
+
+
 def kernel_modules(common: str) -> set[str]:
     m = re.search(r"^KERNEL_MODULES=\(([^)]*)\)", common, re.M)
     return set(m.group(1).split()) if m else set()
