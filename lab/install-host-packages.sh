@@ -1,8 +1,12 @@
 #!/bin/sh
 # Install the Debian packages the kernel lab needs, only those that are missing, so that a
-# second `make test` does no apt work at all.
+# second `make test` does no apt work at all. The Vagrant lab's checks
+# (tests/harness/test_vagrant.py) need shellcheck, ruby, openssl, and vagrant with the
+# vagrant-libvirt plugin and rsync for `vagrant validate`, which boots nothing and downloads
+# no box (no hypervisor is installed: recommendations are left out).
 set -eu
 PKGS="user-mode-linux ipvsadm ipset iptables conntrack kmod iproute2 shellcheck ruby"
+PKGS="$PKGS openssl rsync vagrant vagrant-libvirt"
 missing=""
 for p in $PKGS; do
     status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)

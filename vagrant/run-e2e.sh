@@ -10,7 +10,11 @@
 # out, then runs `python -m pytest tests/e2e --e2e-kubeconfig KUBECONFIG` from the repository.
 #
 #   IPVSPROXY_E2E_KUBECONFIG  the cluster's kubeconfig; by default ~/.kube/config on the
-#                             control plane, vagrant/.cluster/admin.conf elsewhere
+#                             control plane, vagrant/.cluster/admin.conf elsewhere (the
+#                             host's copy, made by a Vagrant trigger after `cp` is up)
+#
+# On the control plane it runs the tests of /vagrant as last synced: with the default rsync
+# share, `vagrant rsync cp` first copies a changed checkout.
 #   IPVSPROXY_E2E_VENV        the virtual environment [~/.cache/ipvsproxy-e2e/venv]
 #   PYTHON                    the interpreter that makes it (3.11 or later) [python3]
 set -euo pipefail
@@ -25,9 +29,8 @@ die() {
 
 kubeconfig=${IPVSPROXY_E2E_KUBECONFIG:-}
 if [[ -z $kubeconfig ]]; then
-    # On the control plane the provisioning gave the vagrant user its own copy; the one in the
-    # shared folder may belong to the host's user there. Anywhere else, never ~/.kube/config:
-    # on the host that is some other cluster's.
+    # On the control plane the provisioning gave the vagrant user its own copy. Anywhere else,
+    # never ~/.kube/config: on the host that is some other cluster's.
     if [[ -f /etc/kubernetes/admin.conf && -r $HOME/.kube/config ]]; then
         kubeconfig=$HOME/.kube/config
     else
@@ -58,11 +61,16 @@ export PATH="$venv/bin:$PATH"
 command -v kubectl >/dev/null || die "no kubectl on PATH after installing the dev group"
 
 kubectl --kubeconfig "$kubeconfig" wait --for=condition=Ready nodes --all --timeout=300s
+# Where ipvsproxy's DaemonSet is: the node's own record (provision/common.sh, PROXY_ENV) on a
+# machine of the lab, the copy the host took from the control plane elsewhere.
 ns=kube-system ds=ipvsproxy
-if [[ -f $here/.cluster/ipvsproxy.env ]]; then
-    ns=$(sed -n 's/^IPVSPROXY_NAMESPACE=//p' "$here/.cluster/ipvsproxy.env")
-    ds=$(sed -n 's/^IPVSPROXY_DAEMONSET=//p' "$here/.cluster/ipvsproxy.env")
-fi
+for env_file in /var/lib/ipvsproxy-lab/ipvsproxy.env "$here/.cluster/ipvsproxy.env"; do
+    if [[ -r $env_file ]]; then
+        ns=$(sed -n 's/^IPVSPROXY_NAMESPACE=//p' "$env_file")
+        ds=$(sed -n 's/^IPVSPROXY_DAEMONSET=//p' "$env_file")
+        break
+    fi
+done
 kubectl --kubeconfig "$kubeconfig" -n "$ns" rollout status "daemonset/$ds" --timeout=300s
 
 cd "$repo"

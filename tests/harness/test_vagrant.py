@@ -9,8 +9,14 @@ repository, a `kubeadm init` that would install kube-proxy, an overlay that kust
 without the values it was written for. Every checking function is also run on a deliberately
 broken input, to show it reports what it is there to catch.
 
-ruby and shellcheck are installed by lab/install-host-packages.sh; a missing one fails these
-tests (it never skips them).
+The real `vagrant validate` runs too, once per provider (libvirt and VirtualBox) and synced
+folder choice: it loads the Vagrantfile with Vagrant's own configuration classes and the
+providers' plugins, which catch what a Ruby stub cannot (a misspelt setting, an option a
+provider does not have, a synced folder type that cannot work with the provider). It boots
+nothing and downloads no box.
+
+ruby, shellcheck, openssl, rsync, vagrant and vagrant-libvirt are installed by
+lab/install-host-packages.sh; a missing one fails these tests (it never skips them).
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ PROVISION = VAGRANT / "provision"
 OVERLAY = PROVISION / "overlay.py"
 RUBY = Path("/usr/bin/ruby")
 SHELLCHECK = Path("/usr/bin/shellcheck")
+VAGRANT_CLI = Path("/usr/bin/vagrant")
+OPENSSL = Path("/usr/bin/openssl")
 KUBECTL = Path(sys.executable).parent / "kubectl"
 
 MACHINES = {"cp": "192.168.56.10", "worker1": "192.168.56.11", "worker2": "192.168.56.12"}
@@ -52,27 +60,6 @@ def tool(path: Path) -> str:
 
 def run(args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(args), capture_output=True, text=True, check=False, **kwargs)
-
-
-# --- Ruby syntax -------------------------------------------------------------------------------
-
-
-def ruby_syntax_errors(path: Path) -> str:
-    """Empty when `ruby -c` accepts the file, else ruby's complaint."""
-    proc = run([tool(RUBY), "-c", str(path)])
-    return "" if proc.returncode == 0 else proc.stdout + proc.stderr
-
-
-def test_vagrantfile_is_valid_ruby() -> None:
-    assert ruby_syntax_errors(VAGRANTFILE) == ""
-
-
-def test_ruby_syntax_check_reports_a_broken_vagrantfile(tmp_path: Path) -> None:
-    broken = tmp_path / "Vagrantfile"
-    text = VAGRANTFILE.read_text()
-    last_end = text.rstrip().rfind("end")
-    broken.write_text(text[:last_end])  # the block of Vagrant.configure is never closed
-    assert "syntax error" in ruby_syntax_errors(broken)
 
 
 # --- shellcheck --------------------------------------------------------------------------------
@@ -219,7 +206,8 @@ def vm(record: Record) -> Record:
 
 
 def machines(config: Record) -> dict[str, Record]:
-    """name -> {ips, hostname, primary, providers: {name: attrs}, provisioners: [kwargs]}."""
+    """name -> {ips, hostname, primary, providers: {name: attrs}, provisioners: [kwargs],
+    folders: [args of synced_folder], triggers: [(timing, actions)]}."""
     result: dict[str, Record] = {}
     for define in calls(vm(config), "define"):
         node = vm(define["child"])
@@ -233,8 +221,23 @@ def machines(config: Record) -> dict[str, Record]:
             "primary": bool(define["kwargs"].get("primary")),
             "providers": {str(p["args"][0]): p["child"]["attrs"] for p in calls(node, "provider")},
             "provisioners": [p["kwargs"] for p in calls(node, "provision")],
+            "folders": [f["args"] for f in calls(node, "synced_folder")],
+            "triggers": triggers(define["child"]),
         }
     return result
+
+
+def triggers(record: Record) -> list[tuple[str, list[str]]]:
+    """The triggers a configuration (or a machine's) defines: (before|after, [actions])."""
+    found = []
+    for timing in ("before", "after"):
+        for call in calls(record.get("children", {}).get("trigger", {"calls": []}), timing):
+            found.append((timing, [str(a) for a in call["args"][0:1] for a in _listed(a)]))
+    return found
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
 
 
 def machine_problems(found: Mapping[str, Record]) -> list[str]:
@@ -319,13 +322,52 @@ def test_bad_resource_setting_stops_vagrant() -> None:
     assert "IPVSPROXY_WORKER_MEMORY" in proc.stderr
 
 
-def test_repository_is_shared_two_way_at_vagrant() -> None:
-    """The control plane writes the join command for the workers into the shared folder: a
-    one-way (rsync) share would leave them waiting forever."""
-    folders = calls(vm(vagrant_record(VAGRANTFILE)), "synced_folder")
-    assert [f["args"][:2] for f in folders] == [["..", "/vagrant"]]
-    options = folders[0]["args"][2] if len(folders[0]["args"]) > 2 else folders[0]["kwargs"]
-    assert options["type"] == "nfs"
+def folder_options(env: Mapping[str, str] | None = None) -> dict[str, Record]:
+    """Each machine's options for its one synced folder, the repository at /vagrant."""
+    options = {}
+    for name, machine in machines(vagrant_record(VAGRANTFILE, env)).items():
+        assert [f[:2] for f in machine["folders"]] == [["..", "/vagrant"]], name
+        options[name] = machine["folders"][0][2]
+    assert calls(vm(vagrant_record(VAGRANTFILE, env)), "synced_folder") == []
+    return options
+
+
+def test_repository_reaches_the_machines_by_rsync_by_default() -> None:
+    """rsync needs no NFS server and works with both providers. It is one-way, which is
+    enough: the machines read vagrant/.cluster, nothing on them writes there. What stays on the
+    host: Git objects and the host's virtual environment, the files the host copied out of
+    `cp`, and, for the workers, the CA's key."""
+    options = folder_options()
+    for name, opts in options.items():
+        assert opts["type"] == "rsync", name
+        excludes = opts["rsync__exclude"]
+        assert {"/.git/", "/.venv/", ".vagrant/", "/vagrant/.cluster/admin.conf"} <= set(excludes)
+        assert not any("bootstrap-token" in e or "ca.crt" in e for e in excludes), name
+        assert ("/vagrant/.cluster/ca.key" in excludes) == (ROLES[name] == "worker"), name
+
+
+def test_other_synced_folders_stay_selectable() -> None:
+    nfs = folder_options({"IPVSPROXY_SYNCED_FOLDER": "nfs"})
+    assert all(o == {"type": "nfs", "nfs_version": 4, "nfs_udp": False} for o in nfs.values())
+    for kind in ("virtiofs", "virtualbox"):
+        opts = folder_options({"IPVSPROXY_SYNCED_FOLDER": kind})
+        assert all(o == {"type": kind} for o in opts.values()), opts
+    # virtiofs needs the guest memory shared with virtiofsd; nothing else does.
+    for kind, shared in (("virtiofs", True), ("rsync", False)):
+        libvirt = calls(
+            vm(vagrant_record(VAGRANTFILE, {"IPVSPROXY_SYNCED_FOLDER": kind})), "provider"
+        )
+        backing = [c for p in libvirt for c in calls(p["child"], "memorybacking")]
+        assert bool(backing) == shared, kind
+
+
+def test_unknown_synced_folder_stops_vagrant() -> None:
+    proc = run(
+        [tool(RUBY), "-e", RUBY_STUB, str(VAGRANTFILE)],
+        env={**os.environ, "IPVSPROXY_SYNCED_FOLDER": "smb"},
+    )
+    assert proc.returncode != 0
+    assert "IPVSPROXY_SYNCED_FOLDER" in proc.stderr
 
 
 # --- settings the scripts require --------------------------------------------------------------
@@ -365,13 +407,14 @@ REFERENCE = re.compile(r"(?:(?<![\w.-])/vagrant|\$\{?REPO_DIR\}?|\$\{?PROVISION_
 
 def references(text: str) -> set[str]:
     """Repository paths a script uses, through /vagrant, $REPO_DIR or $PROVISION_DIR; the
-    files the lab writes at run time (vagrant/.cluster) excluded."""
+    files the lab makes at run time (vagrant/.cluster, also named by the Vagrantfile's rsync
+    patterns, which are anchored at the repository: /vagrant/.cluster/...) excluded."""
     found = set()
     for match in REFERENCE.finditer(text):
         path = match.group(1).rstrip(".")
         if match.group(0).startswith(("$PROVISION_DIR", "${PROVISION_DIR}")):
             path = f"vagrant/provision/{path}"
-        if not path.startswith("vagrant/.cluster") and path != "vagrant/.vagrant":
+        if not path.startswith(("vagrant/.cluster", ".cluster/")) and path != "vagrant/.vagrant":
             found.add(path)
     return found
 
@@ -436,6 +479,43 @@ def test_kubeadm_check_reports_an_init_that_installs_kube_proxy() -> None:
     problems = kubeadm_init_problems(text)
     assert len(problems) == 1 and "kube-proxy not skipped" in problems[0]
     assert kubeadm_init_problems("kubeadm join x") == ["no kubeadm init"]
+
+
+def kubeadm_join_problems(script: str) -> list[str]:
+    """What is wrong with the script's `kubeadm join` calls (continuation lines joined): each
+    must pin the cluster CA's public key and name the node."""
+    joined = re.sub(r"\\\n\s*", " ", script)
+    joins = [
+        line
+        for line in joined.splitlines()
+        if re.match(r"\s*(?:(?:until|if|while)\s+)?kubeadm join\b", line)
+    ]
+    if not joins:
+        return ["no kubeadm join"]
+    problems = []
+    for line in joins:
+        if '--discovery-token-ca-cert-hash "sha256:$hash"' not in line:
+            problems.append(f"CA not pinned: {line.strip()}")
+        if "unsafe-skip-ca-verification" in line:
+            problems.append(f"CA verification skipped: {line.strip()}")
+        if '--node-name="$NODE_NAME"' not in line:
+            problems.append(f"node name not given: {line.strip()}")
+    return problems
+
+
+def test_workers_join_pinning_the_cluster_ca() -> None:
+    assert kubeadm_join_problems((PROVISION / "worker.sh").read_text()) == []
+
+
+def test_join_check_reports_an_unpinned_join() -> None:
+    text = (PROVISION / "worker.sh").read_text()
+    pinned = '--discovery-token-ca-cert-hash "sha256:$hash"'
+    assert pinned in text
+    problems = kubeadm_join_problems(
+        text.replace(pinned, "--discovery-token-unsafe-skip-ca-verification")
+    )
+    assert [p.split(":")[0] for p in problems] == ["CA not pinned", "CA verification skipped"]
+    assert kubeadm_join_problems("kubeadm init") == ["no kubeadm join"]
 
 
 def kernel_modules(common: str) -> set[str]:
@@ -734,17 +814,6 @@ def test_pod_subnet_is_read_from_the_cluster_configuration() -> None:
     assert proc.returncode == 1 and "podSubnet" in proc.stderr
 
 
-def test_join_command_pattern_accepts_kubeadm_output_only() -> None:
-    """Workers run the join command from the shared folder only if it has kubeadm's shape."""
-    good = (
-        "kubeadm join 192.168.56.10:6443 --token abcdef.0123456789abcdef "
-        "--discovery-token-ca-cert-hash sha256:" + "0" * 64
-    )
-    script = f'. "{PROVISION}/common.sh"; [[ $1 =~ $JOIN_COMMAND_RE ]]'
-    assert run(["bash", "-c", script, "-", good]).returncode == 0
-    assert run(["bash", "-c", script, "-", good + "; rm -rf /"]).returncode != 0
-
-
 def common_sh(snippet: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run a snippet of bash with provision/common.sh sourced (only its pure helpers)."""
     script = f'set -euo pipefail; . "{PROVISION}/common.sh"; {snippet}'
@@ -783,3 +852,314 @@ def test_install_file_reports_whether_it_changed_the_file(tmp_path: Path) -> Non
     assert outputs == ["changed", "same", "changed"]
     assert target.read_text() == "b\n"
     assert oct(target.stat().st_mode & 0o777) == "0o640"
+
+
+# --- the cluster's token and CA, made on the host -----------------------------------------------
+
+# RUBY_STUB without its report: the Vagrantfile loaded (its helpers defined), then a snippet.
+RUBY_HELPERS = RUBY_STUB.replace("puts JSON.generate(Vagrant.configs)\n", "")
+
+
+def vagrant_ruby(snippet: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run snippet with the Vagrantfile's helper methods defined; args are ARGV[1..]."""
+    return run([tool(RUBY), "-e", RUBY_HELPERS + snippet, str(VAGRANTFILE), *args])
+
+
+def make_secrets(cluster: Path, threads: int = 1) -> None:
+    """lab_ensure_cluster_secrets from several threads at once, as libvirt's parallel
+    `vagrant up` runs the trigger."""
+    snippet = (
+        f"{threads}.times.map {{ Thread.new {{ lab_ensure_cluster_secrets(ARGV[1]) }} }}"
+        ".each(&:join)\n"
+    )
+    proc = vagrant_ruby(snippet, str(cluster))
+    assert proc.returncode == 0, proc.stderr
+
+
+def openssl(*args: str, stdin: str | None = None) -> str:
+    proc = run([tool(OPENSSL), *args], input=stdin)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_cluster_secrets_are_made_once_as_one_set(tmp_path: Path) -> None:
+    cluster = tmp_path / "vagrant" / ".cluster"
+    make_secrets(cluster, threads=4)
+    files = {p.name: p for p in cluster.iterdir() if p.name != ".lock"}
+    assert set(files) == {"bootstrap-token", "ca.crt", "ca.key"}
+    modes = {name: oct(path.stat().st_mode & 0o777) for name, path in files.items()}
+    assert modes == {"bootstrap-token": "0o600", "ca.crt": "0o644", "ca.key": "0o600"}
+    assert oct(cluster.stat().st_mode & 0o777) == "0o700"
+    before = {name: path.read_bytes() for name, path in files.items()}
+    make_secrets(cluster)
+    assert {name: path.read_bytes() for name, path in files.items()} == before
+    # A set missing a part is made anew, whole: a token never pairs with another cluster's CA.
+    files["ca.key"].unlink()
+    make_secrets(cluster)
+    assert files["bootstrap-token"].read_bytes() != before["bootstrap-token"]
+    assert files["ca.crt"].read_bytes() != before["ca.crt"]
+
+
+def test_cluster_ca_is_a_ca_kubeadm_can_use(tmp_path: Path) -> None:
+    cluster = tmp_path / "vagrant" / ".cluster"
+    make_secrets(cluster)
+    text = openssl("x509", "-noout", "-text", "-in", str(cluster / "ca.crt"))
+    assert "Subject: CN = kubernetes" in text and "CA:TRUE" in text
+    assert "Certificate Sign" in text and "DNS:kubernetes" in text
+    # The key is the certificate's: kubeadm signs every other certificate with it.
+    cert_pub = openssl("x509", "-pubkey", "-noout", "-in", str(cluster / "ca.crt"))
+    key_pub = openssl("pkey", "-pubout", "-in", str(cluster / "ca.key"))
+    assert cert_pub == key_pub
+    openssl("verify", "-CAfile", str(cluster / "ca.crt"), str(cluster / "ca.crt"))
+
+
+def test_workers_pin_the_hash_the_host_computes(tmp_path: Path) -> None:
+    """The worker computes the CA public key's hash with openssl (provision/common.sh); the
+    Vagrantfile's Ruby does it independently: they must agree, and differ for another CA."""
+    hashes = []
+    for name in ("one", "two"):
+        cluster = tmp_path / name / "vagrant" / ".cluster"
+        make_secrets(cluster)
+        ruby = vagrant_ruby("puts lab_ca_cert_hash(File.read(ARGV[1]))", str(cluster / "ca.crt"))
+        assert ruby.returncode == 0, ruby.stderr
+        shell = common_sh('ca_cert_hash "$1"', str(cluster / "ca.crt"))
+        assert shell.returncode == 0, shell.stderr
+        assert re.fullmatch(r"[0-9a-f]{64}\n", shell.stdout)
+        assert shell.stdout == ruby.stdout
+        hashes.append(shell.stdout)
+    assert hashes[0] != hashes[1]
+
+
+def test_bootstrap_token_is_read_only_with_a_tokens_shape(tmp_path: Path) -> None:
+    cluster = tmp_path / "vagrant" / ".cluster"
+    make_secrets(cluster)
+    read = 'REPO_DIR="$1"; . "' + str(PROVISION) + '/common.sh"; read_bootstrap_token'
+    ok = run(["bash", "-c", read, "-", str(tmp_path)])
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout == (cluster / "bootstrap-token").read_text()
+    assert re.fullmatch(r"[a-z0-9]{6}\.[a-z0-9]{16}\n", ok.stdout)
+    (cluster / "bootstrap-token").write_text("abcdef.0123456789abcdef; reboot\n")
+    bad = run(["bash", "-c", read, "-", str(tmp_path)])
+    assert bad.returncode != 0 and "bootstrap token" in bad.stderr
+    (cluster / "bootstrap-token").unlink()
+    gone = run(["bash", "-c", read, "-", str(tmp_path)])
+    assert gone.returncode != 0 and "vagrant rsync" in gone.stderr
+
+
+FAKE_MACHINE = """
+Comm = Struct.new(:files) do
+  def test(command, opts = {})
+    raise "not as root: #{command}" unless opts[:sudo]
+    files.key?(command.split.last)
+  end
+
+  def sudo(command, opts = {})
+    raise "unchecked: #{command}" unless opts[:error_check]
+    yield :stderr, "noise"
+    yield :stdout, files.fetch(command.split.last)
+    0
+  end
+end
+UI = Struct.new(:warnings) { def warn(text) = warnings << text }
+Machine = Struct.new(:communicate, :ui, :name)
+machine = Machine.new(Comm.new({"/etc/kubernetes/admin.conf" => "kind: Config\n"}), UI.new([]), :cp)
+lab_export_cluster_access(machine, ARGV[1])
+puts machine.ui.warnings
+"""
+
+
+def test_host_copies_the_admin_kubeconfig_out_of_cp(tmp_path: Path) -> None:
+    """What the trigger after `cp` is up does, against a stand-in for the machine's SSH
+    communicator: the file it has is copied (stdout only, mode 0600), the one it has not yet is
+    reported and left alone."""
+    cluster = tmp_path / ".cluster"
+    proc = vagrant_ruby(FAKE_MACHINE, str(cluster))
+    assert proc.returncode == 0, proc.stderr
+    assert (cluster / "admin.conf").read_text() == "kind: Config\n"
+    assert oct((cluster / "admin.conf").stat().st_mode & 0o777) == "0o600"
+    assert not (cluster / "ipvsproxy.env").exists()
+    assert "/var/lib/ipvsproxy-lab/ipvsproxy.env is not there yet" in proc.stdout
+
+
+def test_triggers_make_secrets_before_up_and_copy_access_from_cp() -> None:
+    config = vagrant_record(VAGRANTFILE)
+    assert triggers(config) == [("before", ["up"])]
+    found = machines(config)
+    assert found["cp"]["triggers"] == [
+        ("after", ["up", "provision", "reload"]),
+        ("after", ["destroy"]),
+    ]
+    assert found["worker1"]["triggers"] == found["worker2"]["triggers"] == []
+
+
+def test_proxy_target_names_deploys_daemonset() -> None:
+    """Workers read where ipvsproxy runs from deploy/ itself; the names are those the control
+    plane's overlay reports."""
+    proc = overlay("target", "--base", str(REPO / "deploy"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "IPVSPROXY_NAMESPACE=kube-system",
+        "IPVSPROXY_DAEMONSET=ipvsproxy",
+        "IPVSPROXY_CONTAINER=ipvsproxy",
+    ]
+    wrong = overlay("target", "--base", str(REPO / "deploy"), "--image", "example.org/x:1")
+    assert wrong.returncode == 1 and "example.org/x:1" in wrong.stderr
+
+
+# --- vagrant validate ----------------------------------------------------------------------------
+
+# What `vagrant validate` asks of the host beyond Vagrant, stood in for: VirtualBox's
+# VBoxManage (the provider reports itself unusable without it; only `--version` is asked) and,
+# for NFS, the host's NFS server (Linux: `systemctl` with systemd, `modinfo nfsd` without).
+HOST_STUBS = {
+    "VBoxManage": 'case "$1" in --version) echo 7.0.14r161095 ;; *) exit 1 ;; esac',
+    "modinfo": 'test "$1" = nfsd',
+    "systemctl": "echo nfs-server.service loaded active running",
+}
+
+
+def vagrant_validate(
+    vagrantfile: Path, provider: str, tmp: Path, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`vagrant validate` of the Vagrantfile in its directory with provider as the default
+    provider; Vagrant's home and the machines' state in tmp, never in the repository."""
+    stubs = tmp / "host-stubs"
+    stubs.mkdir(parents=True, exist_ok=True)
+    for name, body in HOST_STUBS.items():
+        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stubs / name).chmod(0o755)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("IPVSPROXY_", "VAGRANT_"))}
+    environ.update(
+        PATH=f"{stubs}:{environ.get('PATH', '/usr/bin:/bin')}",
+        VAGRANT_HOME=str(tmp / "vagrant-home"),
+        VAGRANT_DOTFILE_PATH=str(tmp / "vagrant-dotfile"),
+        VAGRANT_CHECKPOINT_DISABLE="1",
+        VAGRANT_DEFAULT_PROVIDER=provider,
+    )
+    environ.update(env or {})
+    proc = run([tool(VAGRANT_CLI), "validate"], cwd=vagrantfile.parent, env=environ)
+    boxes = tmp / "vagrant-home" / "boxes"
+    assert not boxes.exists() or not any(boxes.iterdir()), "vagrant validate added a box"
+    return proc
+
+
+def validated(proc: subprocess.CompletedProcess[str]) -> bool:
+    return proc.returncode == 0 and "Vagrantfile validated successfully" in proc.stdout
+
+
+def broken_vagrantfile(tmp: Path, old: str, new: str) -> Path:
+    """A copy of the Vagrantfile with old replaced, at tmp/vagrant/Vagrantfile (its synced
+    folder, "..", is then tmp)."""
+    text = VAGRANTFILE.read_text()
+    assert old in text, old
+    path = tmp / "vagrant" / "Vagrantfile"
+    path.parent.mkdir(parents=True)
+    path.write_text(text.replace(old, new))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("provider", "synced_folder"),
+    [
+        ("libvirt", "rsync"),
+        ("libvirt", "nfs"),
+        ("virtualbox", "rsync"),
+        ("virtualbox", "nfs"),
+        ("virtualbox", "virtualbox"),
+    ],
+)
+def test_vagrant_validate_accepts_the_vagrantfile(
+    tmp_path: Path, provider: str, synced_folder: str
+) -> None:
+    """Each provider with each synced folder it can use. (virtiofs is left out: Vagrant's
+    validation asks a running libvirtd for its version. Its settings are checked above.)"""
+    cluster_before = (VAGRANT / ".cluster").exists()
+    proc = vagrant_validate(
+        VAGRANTFILE, provider, tmp_path, {"IPVSPROXY_SYNCED_FOLDER": synced_folder}
+    )
+    assert validated(proc), proc.stdout + proc.stderr
+    # Validation runs no trigger and keeps its state in tmp: nothing is made in vagrant/.
+    assert (VAGRANT / ".cluster").exists() == cluster_before
+    assert not (VAGRANT / ".vagrant").exists()
+
+
+def test_vagrant_validate_reports_a_ruby_syntax_error(tmp_path: Path) -> None:
+    """(What `ruby -c` checked before the real validation ran here.)"""
+    text = VAGRANTFILE.read_text()
+    last_end = text.rstrip().rfind("end")
+    broken = broken_vagrantfile(tmp_path, text, text[:last_end])  # Vagrant.configure unclosed
+    proc = vagrant_validate(broken, "libvirt", tmp_path)
+    assert not validated(proc)
+    assert "syntax error" in proc.stderr
+
+
+def test_vagrant_validate_default_needs_no_nfs_on_the_host(tmp_path: Path) -> None:
+    """The defaults validate with no NFS server on the host (the stubs say there is none)."""
+    no_nfs = {"PATH": f"{tmp_path / 'no-nfs'}:/usr/bin:/bin"}
+    (tmp_path / "no-nfs").mkdir()
+    for name, body in (("modinfo", "exit 1"), ("systemctl", "exit 1")):
+        (tmp_path / "no-nfs" / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / "no-nfs" / name).chmod(0o755)
+    assert validated(vagrant_validate(VAGRANTFILE, "libvirt", tmp_path / "a", no_nfs))
+    nfs = vagrant_validate(
+        VAGRANTFILE, "libvirt", tmp_path / "b", {**no_nfs, "IPVSPROXY_SYNCED_FOLDER": "nfs"}
+    )
+    assert not validated(nfs) and "NFS" in nfs.stderr
+
+
+@pytest.mark.parametrize("provider", ["libvirt", "virtualbox"])
+def test_vagrant_validate_reports_an_unknown_setting(tmp_path: Path, provider: str) -> None:
+    broken = broken_vagrantfile(
+        tmp_path,
+        "machine.vm.hostname = node[:name]",
+        "machine.vm.hostnme = node[:name]",
+    )
+    proc = vagrant_validate(broken, provider, tmp_path)
+    assert not validated(proc)
+    assert "hostnme" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("provider", "old", "new"),
+    [
+        ("libvirt", "libvirt.cpus = node[:cpus]", "libvirt.cpu = node[:cpus]"),
+        ("virtualbox", "vb.cpus = node[:cpus]", "vb.cpu = node[:cpus]"),
+    ],
+)
+def test_vagrant_validate_reports_a_bad_provider_setting_for_that_provider(
+    tmp_path: Path, provider: str, old: str, new: str
+) -> None:
+    """A provider's block is validated only when that provider is the one in use: the reason
+    both are validated."""
+    broken = broken_vagrantfile(tmp_path, old, new)
+    proc = vagrant_validate(broken, provider, tmp_path / "a")
+    assert not validated(proc)
+    assert "cpu" in proc.stderr and "shouldn't exist" in proc.stderr
+    other = "virtualbox" if provider == "libvirt" else "libvirt"
+    assert validated(vagrant_validate(broken, other, tmp_path / "b"))
+
+
+def test_vagrant_validate_reports_a_share_the_provider_cannot_use(tmp_path: Path) -> None:
+    proc = vagrant_validate(
+        VAGRANTFILE, "libvirt", tmp_path, {"IPVSPROXY_SYNCED_FOLDER": "virtualbox"}
+    )
+    assert not validated(proc)
+    assert "synced folder type 'virtualbox'" in proc.stderr
+
+
+def test_vagrant_validate_reports_a_bad_setting_of_ours(tmp_path: Path) -> None:
+    proc = vagrant_validate(VAGRANTFILE, "libvirt", tmp_path, {"IPVSPROXY_SYNCED_FOLDER": "smb"})
+    assert not validated(proc)
+    assert "IPVSPROXY_SYNCED_FOLDER" in proc.stderr
+
+
+def test_ci_installs_what_these_checks_run() -> None:
+    """CI gets its Debian packages from lab/install-host-packages.sh (`make test`)."""
+    script = (REPO / "lab" / "install-host-packages.sh").read_text()
+    packages = {
+        word
+        for value in re.findall(r'^PKGS="([^"]*)"$', script, re.M)
+        for word in value.split()
+        if not word.startswith("$")
+    }
+    assert {"shellcheck", "ruby", "openssl", "rsync", "vagrant", "vagrant-libvirt"} <= packages

@@ -10,11 +10,15 @@
 REPO_DIR=${REPO_DIR:-/vagrant}
 # shellcheck disable=SC2034 # used by the scripts that source this file
 PROVISION_DIR="$REPO_DIR/vagrant/provision"
-# Shared with the host and every machine: the join command, the admin kubeconfig, where the
-# ipvsproxy DaemonSet is (ignored by git through vagrant/.gitignore).
+# Made on the host before any machine comes up, and synced host to guest with the rest of the
+# repository: the cluster's bootstrap token and CA (ignored by git through vagrant/.gitignore).
+# Nothing on a machine writes here: a one-way (rsync) share is enough.
 CLUSTER_DIR="$REPO_DIR/vagrant/.cluster"
 # Machine-local state of the lab (overlays, the staged build context, downloads).
 STATE_DIR=/var/lib/ipvsproxy-lab
+# Where ipvsproxy's DaemonSet and container are (IPVSPROXY_NAMESPACE=..., written by
+# overlay.py from deploy/ on every node; the host copies the control plane's).
+PROXY_ENV="$STATE_DIR/ipvsproxy.env"
 
 # The modules IPVS mode needs, loaded now and at every boot; br_netfilter for bridged pod
 # traffic to traverse iptables, overlay for containerd's snapshotter.
@@ -311,7 +315,7 @@ EOF
 # in place; the new process adopts it).
 restart_local_ipvsproxy() {
     local container
-    container=$(env_file_get "$CLUSTER_DIR/ipvsproxy.env" IPVSPROXY_CONTAINER) || return 0
+    container=$(env_file_get "$PROXY_ENV" IPVSPROXY_CONTAINER) || return 0
     local ids
     ids=$(crictl ps -q --name "^$container\$" 2>/dev/null || true)
     if [[ -n $ids ]]; then
@@ -322,7 +326,7 @@ restart_local_ipvsproxy() {
 }
 
 # env_file_get FILE KEY: the value of KEY=VALUE in FILE (written by overlay.py), checked to be
-# a Kubernetes name; nothing from the shared folder is ever sourced or evaluated.
+# a Kubernetes name; the file is never sourced or evaluated.
 env_file_get() {
     local file=$1 key=$2 value
     [[ -f $file ]] || return 1
@@ -334,10 +338,8 @@ env_file_get() {
 # The ipvsproxy DaemonSet rolled out on every node that has joined so far.
 wait_ipvsproxy_rollout() {
     local ns ds
-    ns=$(env_file_get "$CLUSTER_DIR/ipvsproxy.env" IPVSPROXY_NAMESPACE) ||
-        die "$CLUSTER_DIR/ipvsproxy.env names no namespace (has the control plane deployed ipvsproxy?)"
-    ds=$(env_file_get "$CLUSTER_DIR/ipvsproxy.env" IPVSPROXY_DAEMONSET) ||
-        die "$CLUSTER_DIR/ipvsproxy.env names no DaemonSet"
+    ns=$(env_file_get "$PROXY_ENV" IPVSPROXY_NAMESPACE) || die "$PROXY_ENV names no namespace"
+    ds=$(env_file_get "$PROXY_ENV" IPVSPROXY_DAEMONSET) || die "$PROXY_ENV names no DaemonSet"
     log "waiting for DaemonSet $ns/$ds to roll out"
     kubectl -n "$ns" rollout status "daemonset/$ds" --timeout=600s ||
         die "DaemonSet $ns/$ds did not roll out (kubectl -n $ns describe daemonset $ds)"
@@ -357,10 +359,33 @@ check_kubernetes_service() {
     log "IPVS on $(hostname) forwards the kubernetes Service $ip:443 to $CP_IP:6443"
 }
 
-# What `kubeadm token create --print-join-command` prints; a worker runs the join command from
-# the shared folder only if it has exactly this shape (it is never evaluated by a shell).
-# shellcheck disable=SC2034 # used by the scripts that source this file
-JOIN_COMMAND_RE='^kubeadm join [0-9A-Za-z.:-]+ --token [a-z0-9]{6}\.[a-z0-9]{16} --discovery-token-ca-cert-hash sha256:[0-9a-f]{64}[[:space:]]*$'
+# A kubeadm bootstrap token (what the Vagrantfile writes to vagrant/.cluster/bootstrap-token).
+BOOTSTRAP_TOKEN_RE='^[a-z0-9]{6}\.[a-z0-9]{16}$'
+
+# The cluster's bootstrap token from vagrant/.cluster, checked to have a token's shape.
+read_bootstrap_token() {
+    local file="$CLUSTER_DIR/bootstrap-token" token
+    [[ -s $file ]] || die "$file is missing: the Vagrantfile makes it before \`vagrant up\`; with rsync, \`vagrant rsync $(hostname)\` copies it"
+    token=$(head -n 1 "$file")
+    [[ $token =~ $BOOTSTRAP_TOKEN_RE ]] || die "$file does not hold a kubeadm bootstrap token"
+    printf '%s\n' "$token"
+}
+
+# ca_cert_hash CERT: what `kubeadm join --discovery-token-ca-cert-hash` pins, the sha256 of the
+# certificate's public key (DER SubjectPublicKeyInfo), as hex.
+ca_cert_hash() {
+    local hash
+    hash=$(openssl x509 -pubkey -noout -in "$1" | openssl pkey -pubin -outform der | sha256sum) ||
+        die "cannot read the public key of $1"
+    printf '%s\n' "${hash%% *}"
+}
+
+# This node's ipvsproxy container is running (the kubelet started the DaemonSet's pod here).
+local_ipvsproxy_running() {
+    local container
+    container=$(env_file_get "$PROXY_ENV" IPVSPROXY_CONTAINER) || return 1
+    [[ -n $(crictl ps -q --state Running --name "^$container\$" 2>/dev/null) ]]
+}
 
 # The regular expression flannel matches the private-network address with (flanneld's
 # --iface-regex matches interface addresses as well as names): ^192\.168\.56\.[0-9]+$

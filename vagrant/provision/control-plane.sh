@@ -13,17 +13,34 @@ set -euo pipefail
 require_env NODE_NAME NODE_IP CP_IP POD_CIDR SERVICE_CIDR FLANNEL_VERSION IMAGE NETWORK_PREFIX
 [[ $NODE_IP == "$CP_IP" ]] || die "the control plane's NODE_IP ($NODE_IP) must be CP_IP ($CP_IP)"
 
+# The cluster's CA is the one the host made (vagrant/.cluster/ca.crt, ca.key): the workers pin
+# its public key when they join, without asking this machine for anything.
+install_cluster_ca() {
+    local pki=/etc/kubernetes/pki
+    [[ -s $CLUSTER_DIR/ca.crt && -s $CLUSTER_DIR/ca.key ]] ||
+        die "$CLUSTER_DIR/ca.crt or ca.key is missing (the Vagrantfile makes them before \`vagrant up\`)"
+    if [[ -f $pki/ca.crt ]]; then
+        cmp -s "$pki/ca.crt" "$CLUSTER_DIR/ca.crt" ||
+            die "this cluster's CA is not vagrant/.cluster/ca.crt (made for another cluster?): \`vagrant destroy -f\` and \`vagrant up\` start afresh"
+        return
+    fi
+    install -d -m 0755 "$pki"
+    install -m 0644 "$CLUSTER_DIR/ca.crt" "$pki/ca.crt"
+    install -m 0600 "$CLUSTER_DIR/ca.key" "$pki/ca.key"
+}
+
 init_cluster() {
+    local token=$1
     if [[ -f /etc/kubernetes/admin.conf ]]; then
         log "kubeadm init already ran; keeping the cluster"
+        install_cluster_ca
         return
     fi
     if [[ -e /etc/kubernetes/manifests/kube-apiserver.yaml ]]; then
         log "an earlier kubeadm init stopped half-way; resetting it"
         kubeadm reset -f
     fi
-    # A new cluster: the previous one's join command and kubeconfig would mislead the workers.
-    rm -f "$CLUSTER_DIR/join-command" "$CLUSTER_DIR/admin.conf" "$CLUSTER_DIR/ipvsproxy.env"
+    install_cluster_ca
     log "kubeadm init ($K8S_VERSION), kube-proxy skipped: ipvsproxy replaces it"
     # The addresses are the private network's: kubeadm would otherwise advertise the NAT
     # interface's (the default route), which other machines cannot reach.
@@ -33,30 +50,28 @@ init_cluster() {
         --node-name="$NODE_NAME" \
         --pod-network-cidr="$POD_CIDR" \
         --service-cidr="$SERVICE_CIDR" \
+        --token="$token" --token-ttl=4h \
         --skip-phases=addon/kube-proxy
 }
 
-# kubectl for root and the vagrant user on this machine, and for the host and the workers
-# through the shared folder.
+# kubectl for root and the vagrant user on this machine (the host copies the admin kubeconfig
+# out over SSH: a Vagrant trigger).
 export_kubeconfig() {
-    install -d -m 0700 /root/.kube "$CLUSTER_DIR"
+    install -d -m 0700 /root/.kube
     install -m 0600 /etc/kubernetes/admin.conf /root/.kube/config
     if id vagrant >/dev/null 2>&1; then
         install -d -m 0700 -o vagrant -g vagrant /home/vagrant/.kube
         install -m 0600 -o vagrant -g vagrant /etc/kubernetes/admin.conf /home/vagrant/.kube/config
     fi
-    install -m 0600 /etc/kubernetes/admin.conf "$CLUSTER_DIR/admin.conf"
 }
 
-# A fresh token on every provision (tokens expire); the workers poll for this file.
-write_join_command() {
-    local cmd
-    cmd=$(kubeadm token create --ttl 4h --print-join-command)
-    [[ $cmd =~ $JOIN_COMMAND_RE ]] || die "unexpected join command from kubeadm: $cmd"
-    printf '%s\n' "$cmd" >"$CLUSTER_DIR/join-command.tmp"
-    chmod 0600 "$CLUSTER_DIR/join-command.tmp"
-    mv -f "$CLUSTER_DIR/join-command.tmp" "$CLUSTER_DIR/join-command"
-    log "join command written to vagrant/.cluster/join-command"
+# The lab's bootstrap token valid for 4 h from now (tokens expire; a worker made later joins
+# after a `vagrant provision cp`).
+refresh_bootstrap_token() {
+    local token=$1
+    kubeadm token delete "${token%%.*}" >/dev/null 2>&1 || true
+    kubeadm token create "$token" --ttl 4h >/dev/null
+    log "bootstrap token from vagrant/.cluster valid for 4 h"
 }
 
 # The pod CIDR kubeadm actually used, read back from the cluster (not from POD_CIDR: a
@@ -98,16 +113,17 @@ deploy_ipvsproxy() {
         --cluster-cidr "$cidr" --api-server "$CP_IP:6443" --image "$IMAGE" >/dev/null
     log "kubectl apply -k $REPO_DIR/deploy (through $overlay: clusterCIDR $cidr, API server $CP_IP:6443)"
     kubectl apply -k "$overlay"
-    install -m 0644 "$overlay/ipvsproxy.env" "$CLUSTER_DIR/ipvsproxy.env"
+    install -m 0644 "$overlay/ipvsproxy.env" "$PROXY_ENV"
 }
 
+token=$(read_bootstrap_token)
 prepare_node
 build_and_import_image
-init_cluster
+init_cluster "$token"
 export KUBECONFIG=/etc/kubernetes/admin.conf
 wait_for 300 "the API server to be ready" kubectl get --raw=/readyz
 export_kubeconfig
-write_join_command
+refresh_bootstrap_token "$token"
 cluster_cidr=$(cluster_cluster_cidr)
 log "cluster pod CIDR (kubeadm's podSubnet): $cluster_cidr"
 deploy_flannel "$cluster_cidr"
@@ -120,4 +136,4 @@ check_kubernetes_service
 # the pod network: its becoming ready shows flannel and ipvsproxy working together.
 log "waiting for CoreDNS (it needs the kubernetes Service's cluster IP from a pod)"
 kubectl -n kube-system rollout status deployment/coredns --timeout=600s
-log "control plane ready; workers join with vagrant/.cluster/join-command"
+log "control plane ready; workers join with the bootstrap token in vagrant/.cluster"

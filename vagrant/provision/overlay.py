@@ -18,6 +18,7 @@ in tests/harness/test_vagrant.py, which feeds it sample bases and the real ``dep
     overlay.py flannel --manifest FILE --out DIR --pod-cidr CIDR --api-server HOST:PORT
                --iface-regex REGEX [--kubectl PATH]
     overlay.py pod-subnet < ClusterConfiguration.yaml
+    overlay.py target --base DIR [--image REF] [--kubectl PATH]
 """
 
 from __future__ import annotations
@@ -304,6 +305,14 @@ class ProxyTarget:
         )
 
 
+def proxy_target(docs: Sequence[Doc], image: str) -> ProxyTarget:
+    """Where ``image`` runs in the rendered base: what the workers read from deploy/ itself
+    (the names the control plane deploys under) instead of from the control plane."""
+    ds, container = find_proxy(docs, image)
+    namespace = str(ds.get("metadata", {}).get("namespace") or "default")
+    return ProxyTarget(namespace, name_of(ds), str(container["name"]))
+
+
 def find_proxy(docs: Sequence[Doc], image: str) -> tuple[Doc, Doc]:
     """The one DaemonSet container running ``image`` (the image the lab builds and imports)."""
     wanted = normalize_image(image)
@@ -410,8 +419,7 @@ def ipvsproxy_overlay(
                 },
             },
         )
-    namespace = str(ds.get("metadata", {}).get("namespace") or "default")
-    return overlay, ProxyTarget(namespace, name_of(ds), str(container["name"]))
+    return overlay, proxy_target(base_docs, image)
 
 
 def verify_ipvsproxy(
@@ -548,10 +556,16 @@ def main(argv: Sequence[str]) -> int:
     f.add_argument("--iface-regex", required=True)
     f.add_argument("--kubectl", default="kubectl")
     sub.add_parser("pod-subnet", help="print networking.podSubnet of a ClusterConfiguration")
+    t = sub.add_parser("target", help="print where ipvsproxy's container is in a base")
+    t.add_argument("--base", type=Path, required=True)
+    t.add_argument("--image", default="ipvsproxy:dev")
+    t.add_argument("--kubectl", default="kubectl")
     args = parser.parse_args(argv)
     try:
         if args.command == "pod-subnet":
             print(pod_subnet(sys.stdin.read()))
+        elif args.command == "target":
+            print(proxy_target(kustomize(args.kubectl, args.base), args.image).env_file(), end="")
         elif args.command == "ipvsproxy":
             cidr = check_cidr(args.cluster_cidr)
             docs = kustomize(args.kubectl, args.base)
