@@ -7,7 +7,8 @@ only when the rendered text changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from ipvsproxy.core import ipset_specs
@@ -294,3 +295,76 @@ def split_families(text: str) -> dict[int, str]:
     if mark:
         out[6] = v6
     return out
+
+
+# -- our chains as a text shows them (iptables-save's, or render's) ---------------------------
+
+OURS = {"nat": frozenset(NAT_CHAINS), "filter": frozenset(FILTER_CHAINS)}
+ChainKey = tuple[int, str, str]  # (family, table, chain)
+
+
+def chain_lines(table: str, text: str) -> dict[str, list[str]]:
+    """Each of our chains of ``table`` that ``text`` (``iptables-save -t TABLE``'s) shows:
+    its declaration and its rules, as the text has them, in its order."""
+    ours = OURS.get(table, frozenset())
+    chains: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if line.startswith(":"):
+            name = line[1:].split(" ", 1)[0]
+        elif line.startswith("-A "):
+            name = line.split(" ", 2)[1]
+        else:
+            continue
+        if name in ours:
+            chains.setdefault(name, []).append(line)
+    return chains
+
+
+def chain_digest(lines: Iterable[str]) -> str:
+    """A chain's digest: its lines in any order (as the dataplane's fingerprint of them)."""
+    return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
+
+
+def chain_digests(saved: Mapping[str, str], family: int = 4) -> dict[ChainKey, str]:
+    """The digest of each of our chains that ``saved`` (table -> ``iptables-save -t TABLE``
+    of ``family``) shows."""
+    return {
+        (family, table, chain): chain_digest(lines)
+        for table, text in saved.items()
+        for chain, lines in chain_lines(table, text).items()
+    }
+
+
+def is_jump(line: str, jump: Jump) -> bool:
+    """``line`` (iptables-save's) is ``jump`` in its built-in chain."""
+    return (
+        line.startswith(f"-A {jump.chain} ")
+        and f'--comment "{jump.comment}"' in line
+        and line.endswith(f"-j {jump.target}")
+    )
+
+
+def missing_jumps(table: str, text: str, family: int = 4) -> list[Jump]:
+    """The jumps of ``table`` that ``text`` (``iptables-save -t TABLE``'s) lacks."""
+    lines = text.splitlines()
+    return [
+        replace(j, family=family)
+        for j in JUMPS
+        if j.table == table and not any(is_jump(ln, j) for ln in lines)
+    ]
+
+
+def rendered_chains(text: str) -> dict[ChainKey, list[str]]:
+    """Each chain ``render_families``' text writes, with its lines, by (family, table, chain)."""
+    chains: dict[ChainKey, list[str]] = {}
+    for family, part in split_families(text).items():
+        tables: dict[str, list[str]] = {}
+        table = ""
+        for line in part.splitlines():
+            if line.startswith("*"):
+                table = line[1:]
+            tables.setdefault(table, []).append(line)
+        for table, lines in tables.items():
+            for chain, mine in chain_lines(table, "\n".join(lines)).items():
+                chains[(family, table, chain)] = mine
+    return chains

@@ -210,12 +210,13 @@ class Proxy:
 
     # -- status ------------------------------------------------------------------------------
 
-    def status_document(self) -> dict[str, Any]:
-        """The daemon's side of ``ipvsproxy status``: desired IPVS state and names."""
+    def status_document(self, kernel: bool = False) -> dict[str, Any]:
+        """The daemon's side of ``ipvsproxy status``: desired IPVS state and names; with
+        ``kernel`` (``status --all``) also the sets and chains a full sync keeps."""
         with self.sync_lock:
             pending = self.changes.pending()
             desired = self.dp.desired_view()
-            return view.daemon_document(
+            doc = view.daemon_document(
                 node=self.dp.node.name,
                 virtual_servers=desired.virtual_servers,
                 real_servers=desired.real_servers,
@@ -225,6 +226,9 @@ class Proxy:
                 pending=pending,
                 invalid=self._invalid(),
             )
+            if kernel:
+                doc.update(view.kernel_document(self.dp.desired_sets(), self.dp.expected_chains()))
+            return doc
 
     def port_names(self, wait: float = 1.0) -> dict[ServiceKey, PortName] | None:
         """The Service port of each desired virtual server (the per-Service traffic series'

@@ -105,9 +105,13 @@ def api_client(cfg: ProxyConfig) -> Any:
 
 
 def serve_metrics(cfg: ProxyConfig, metrics: Metrics, proxy: Proxy) -> list[HTTPServer]:
-    """/metrics with upstream's /proxyMode, /configz and /healthz, and /status next to it or
-    on its own address (--status-bind-address)."""
-    status = {"/status": json_route(lambda: (200, proxy.status_document()))}
+    """/metrics with upstream's /proxyMode, /configz and /healthz, and /status (and
+    /status/all, for ``status --all``) next to it or on its own address
+    (--status-bind-address)."""
+    status = {
+        "/status": json_route(lambda: (200, proxy.status_document())),
+        "/status/all": json_route(lambda: (200, proxy.status_document(kernel=True))),
+    }
     servers = []
     apart = cfg.status_bind_address not in (None, cfg.metrics_bind_address)
     if cfg.metrics_bind_address:

@@ -19,12 +19,12 @@ import ipaddress
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ipvsproxy.core import ruleset
+from ipvsproxy.core import ipset_specs, ruleset
 from ipvsproxy.core.desired import Changes, DesiredState
 from ipvsproxy.core.diff import DestOp, ServiceOp
 from ipvsproxy.core.plan import EMPTY, NodeFacts, PlanConfig, ServicePlan, plan_service
@@ -502,6 +502,28 @@ class Dataplane:
         if self._state_write_error is not None:
             log.info("the state file %s is written again", self.statefile.path)
             self._state_write_error = None
+
+    def desired_sets(self) -> dict[str, Collection[str]]:
+        """The sets a full sync keeps, each with the members it should hold (the desired
+        state's own collections: read them under the daemon's sync lock). Every other set of
+        ours should hold nothing; a full sync creates those named here that are missing."""
+        names = ipset_specs.upstream_names(self.plan_config.families) | self.desired.nonempty_sets()
+        return {name: self.desired.member_keys(name) for name in sorted(names)}
+
+    def expected_chains(self) -> dict[ruleset.ChainKey, str | None] | None:
+        """Each chain a restore would write now -> its digest as the kernel held it when its
+        rules were last written (or found written); None for a chain whose rendered rules
+        changed since, or whose kernel copy is unknown (a full sync writes it). None before
+        the first full sync and after the cache was dropped: the next one reads them again."""
+        obs = self.observed
+        if obs is None:
+            return None
+        now = ruleset.rendered_chains(self._rules_text())
+        written = ruleset.rendered_chains(obs.rules_text or "")
+        return {
+            key: obs.chains.get(key) if written.get(key) == lines else None
+            for key, lines in sorted(now.items())
+        }
 
     def desired_view(self) -> DesiredView:
         """The desired IPVS state and the Services' names, for the daemon's /status."""

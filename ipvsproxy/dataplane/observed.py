@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from ipvsproxy.core import ipset_specs
@@ -27,6 +27,7 @@ from ipvsproxy.core.diff import (
     adopt_services,
 )
 from ipvsproxy.core.node_addresses import local_addresses
+from ipvsproxy.core.ruleset import ChainKey
 from ipvsproxy.core.virtual_servers import (
     IDLE,
     DestKey,
@@ -64,6 +65,9 @@ class Observed:
     # Parts whose read failed ("ipvs", "addresses", "ipsets"): a sync leaves them alone and
     # the next sync is a full one, which reads them again.
     unread: frozenset[str] = frozenset()
+    # Each of our chains' digest (``ruleset.chain_digest``) as the kernel held it once
+    # ``rules_text`` was written or found written; empty while that is unknown.
+    chains: Mapping[ChainKey, str] = field(default_factory=dict)
 
 
 def read_kernel(
@@ -137,10 +141,12 @@ def read_kernel(
     )
     if "ipsets" not in unread:
         ensure_sets(backends, members, problem, families)
-    rules_text = read(
-        "iptables", "iptables", lambda: same_rules(backends, render_rules, state), None
+    unknown: tuple[str | None, Mapping[ChainKey, str]] = (None, {})
+    rules_text, chains = read(
+        "iptables", "iptables", lambda: same_rules(backends, render_rules, state), unknown
     )
-    return Observed(services, dests, bound, members, rules_text, frozenset(unread) - {"iptables"})
+    unread.discard("iptables")
+    return Observed(services, dests, bound, members, rules_text, frozenset(unread), chains)
 
 
 def reread(obs: Observed, keys: Changes, backends: Backends) -> None:
@@ -227,9 +233,12 @@ def _node_addresses(backends: Backends) -> frozenset[str]:
     return local_addresses(backends.addresses.indexed(), backends.addresses.device_index())
 
 
-def same_rules(backends: Backends, render: Callable[[], str], state: State) -> str | None:
-    """The rendered rules if our chains are as we last wrote them (same rendering, same
-    kernel copy, jumps in place), else None: they are written at this sync."""
+def same_rules(
+    backends: Backends, render: Callable[[], str], state: State
+) -> tuple[str | None, Mapping[ChainKey, str]]:
+    """The rendered rules and our chains' digests if our chains are as we last wrote them
+    (same rendering, same kernel copy, jumps in place), else (None, {}): they are written at
+    this sync."""
     ipt = backends.iptables.read()
     text = render()
     same = (
@@ -237,7 +246,7 @@ def same_rules(backends: Backends, render: Callable[[], str], state: State) -> s
         and hashlib.sha256(text.encode()).hexdigest() == state.rules_digest
         and ipt.fingerprint == state.iptables_fingerprint
     )
-    return text if same else None
+    return (text, ipt.chains) if same else (None, {})
 
 
 def record_ipvs(

@@ -206,11 +206,15 @@ def write_rules(
         missing = ipt.read().missing_jumps
     except Exception as exc:  # our chains are written all the same
         problem("iptables", f"reading iptables: {type(exc).__name__}: {exc}")
+        obs.chains = {}  # unknown until written and read back
         ipt.apply(text, ipt.missing_jumps_checked())
         obs.rules_text = text
         state.iptables_fingerprint = ""  # the next full sync checks them again
         return
+    obs.chains = {}
     ipt.apply(text, missing)
     obs.rules_text = text
     state.rules_digest = hashlib.sha256(text.encode()).hexdigest()
-    state.iptables_fingerprint = ipt.read().fingerprint
+    seen = ipt.read()
+    state.iptables_fingerprint = seen.fingerprint
+    obs.chains = seen.chains

@@ -11,16 +11,23 @@ from __future__ import annotations
 import hashlib
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from ipvsproxy.core.ruleset import FILTER_CHAINS, JUMPS, NAT_CHAINS, Jump, split_families
+from ipvsproxy.core.ruleset import (
+    JUMPS,
+    OURS,
+    ChainKey,
+    Jump,
+    chain_digest,
+    chain_lines,
+    missing_jumps,
+    split_families,
+)
 from ipvsproxy.kernel.errors import ApplyError, Counters, Rejected
 
 if TYPE_CHECKING:
     from ipvsproxy.kernel.interfaces import RulesBackend
-
-OURS = {"nat": set(NAT_CHAINS), "filter": set(FILTER_CHAINS)}
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,8 @@ class Observed:
 
     fingerprint: str  # digest of our chains as the kernel reports them
     missing_jumps: tuple[Jump, ...]
+    # Each of our chains' digest (``ruleset.chain_digest``): the fingerprint, chain by chain.
+    chains: Mapping[ChainKey, str] = field(default_factory=dict)
 
 
 class IPTables:
@@ -62,7 +71,7 @@ class IPTables:
         return proc.stdout
 
     def read(self) -> Observed:
-        return observe({table: self._save(table) for table in ("nat", "filter")})
+        return observe({table: self._save(table) for table in ("nat", "filter")}, self.family)
 
     def missing_jumps_checked(self) -> tuple[Jump, ...]:
         """The jumps not in place, asked one at a time with ``iptables -C`` (as upstream's
@@ -154,7 +163,8 @@ class FamilyRules:
         seen = {f: b.read() for f, b in self.backends.items()}
         digest = hashlib.sha256(" ".join(o.fingerprint for o in seen.values()).encode())
         missing = tuple(replace(j, family=f) for f, o in seen.items() for j in o.missing_jumps)
-        return Observed(digest.hexdigest(), missing)
+        chains = {(f, t, c): d for f, o in seen.items() for (_f, t, c), d in o.chains.items()}
+        return Observed(digest.hexdigest(), missing, chains)
 
     def missing_jumps_checked(self) -> tuple[Jump, ...]:
         return tuple(
@@ -190,36 +200,19 @@ def restore_failures_by_family(rules: RulesBackend) -> dict[int, int]:
     return {4: rules.restore_failures}
 
 
-def observe(saved: Mapping[str, str]) -> Observed:
-    """What ``iptables-save -t TABLE`` (``saved[TABLE]``, "nat" and "filter") shows of
-    ipvsproxy."""
+def observe(saved: Mapping[str, str], family: int = 4) -> Observed:
+    """What ``iptables-save -t TABLE`` (``saved[TABLE]``, "nat" and "filter") of ``family``
+    shows of ipvsproxy."""
     ours: list[str] = []
     missing: list[Jump] = []
+    chains: dict[ChainKey, str] = {}
     for table, text in saved.items():
-        lines = text.splitlines()
-        chains = OURS[table]
-        ours += [f"{table} {ln}" for ln in lines if _is_ours(ln, chains)]
-        for jump in JUMPS:
-            if jump.table == table and not any(_is_jump(ln, jump) for ln in lines):
-                missing.append(jump)
+        for chain, lines in chain_lines(table, text).items():
+            ours += [f"{table} {ln}" for ln in lines]
+            chains[(family, table, chain)] = chain_digest(lines)
+        missing += missing_jumps(table, text)
     digest = hashlib.sha256("\n".join(sorted(ours)).encode()).hexdigest()
-    return Observed(digest, tuple(missing))
-
-
-def _is_ours(line: str, chains: set[str]) -> bool:
-    if line.startswith(":"):
-        return line[1:].split(" ", 1)[0] in chains
-    if line.startswith("-A "):
-        return line.split(" ", 2)[1] in chains
-    return False
-
-
-def _is_jump(line: str, jump: Jump) -> bool:
-    return (
-        line.startswith(f"-A {jump.chain} ")
-        and f'--comment "{jump.comment}"' in line
-        and line.endswith(f"-j {jump.target}")
-    )
+    return Observed(digest, tuple(missing), chains)
 
 
 def with_jumps(text: str, jumps: Sequence[Jump]) -> str:

@@ -104,10 +104,18 @@ def _only(args: argparse.Namespace) -> ServiceKey | None:
     return None
 
 
-def _fetch_daemon(url: str, timeout: float) -> tuple[view.DaemonView | None, str | None]:
+def _fetch_daemon(
+    url: str, timeout: float, fallback: str | None = None
+) -> tuple[view.DaemonView | None, str | None]:
+    """The daemon's document at ``url``, or at ``fallback`` where ``url`` is not served (a
+    daemon without /status/all); else why not."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             doc = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404 and fallback is not None:
+            return _fetch_daemon(fallback, timeout)
+        return None, str(exc)
     except urllib.error.URLError as exc:
         return None, str(exc.reason)
     except (OSError, ValueError) as exc:
@@ -181,62 +189,66 @@ def _show_timeouts(output: str) -> int:
     return 0
 
 
-def _read_ipsets() -> tuple[dict[str, int], str | None]:
+def _read_ipsets() -> tuple[dict[str, set[str]], str | None]:
     from ipvsproxy.kernel.ipset import IPSets
 
     try:
         ipsets = IPSets()
         try:
-            return {name: len(members) for name, members in ipsets.read().items()}, None
+            return ipsets.read(), None
         finally:
             ipsets.close()
     except OSError as exc:
         return {}, str(exc)
 
 
-def _read_chains() -> tuple[dict[tuple[int, str, str], int], str | None]:
-    """ipvsproxy's chains in iptables-save's and ip6tables-save's nat and filter tables."""
-    from ipvsproxy.core.ruleset import FILTER_CHAINS, NAT_CHAINS
+def _save(save: str, table: str) -> str:
+    """``iptables-save -t TABLE`` (or ip6tables-save's); OSError when it fails."""
+    proc = subprocess.run([save, "-t", table], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise OSError(f"{save} -t {table}: {proc.stderr.strip()}")
+    return proc.stdout
 
-    chains: dict[tuple[int, str, str], int] = {}
-    errors: list[str] = []
+
+def _read_chains() -> dict[tuple[int, str], str | OSError]:
+    """iptables-save's and ip6tables-save's nat and filter tables, or why each could not be
+    read."""
+    saved: dict[tuple[int, str], str | OSError] = {}
     for family, save in ((4, "iptables-save"), (6, "ip6tables-save")):
-        for table, names in (("nat", NAT_CHAINS), ("filter", FILTER_CHAINS)):
+        for table in ("nat", "filter"):
             try:
-                proc = subprocess.run([save, "-t", table], capture_output=True, text=True)
+                saved[(family, table)] = _save(save, table)
             except OSError as exc:
-                errors.append(f"{save}: {exc}")
-                break
-            if proc.returncode != 0:
-                errors.append(f"{save} -t {table}: {proc.stderr.strip()}")
-                continue
-            for chain, rules in view.chain_rules(proc.stdout, names).items():
-                chains[(family, table, chain)] = rules
-    return chains, "; ".join(errors) or None
+                saved[(family, table)] = exc
+    return saved
 
 
 def read_extras(bound: frozenset[str]) -> view.Extras:
     """--all: what the kernel holds of ipvsproxy besides IPVS."""
     ipsets, ipsets_error = _read_ipsets()
-    chains, chains_error = _read_chains()
-    return view.Extras(bound, ipsets, ipsets_error, chains, chains_error)
+    return view.Extras(bound, ipsets, ipsets_error, **view.chains_read(_read_chains()))
 
 
-def _url(address: str) -> str:
+def _url(address: str, kernel: bool = False) -> str:
+    """The daemon's /status, or with ``kernel`` (--all) /status/all: also its sets and
+    chains."""
     host, _, port = address.rpartition(":")
     host = host or "127.0.0.1"
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
-    return f"http://{host}:{port}/status"
+    return f"http://{host}:{port}/status{'/all' if kernel else ''}"
 
 
 def gather(args: argparse.Namespace) -> tuple[view.KernelView, view.Sources]:
-    """Read every source; the daemon is asked before and after the kernel so that a sync
-    landing in between is not reported as drift (tried three times, then shown as it is)."""
+    """Read every source; the daemon is asked before and after the kernel (with --all its
+    sets and chains too) so that a sync landing in between is not reported as drift (tried
+    three times, then shown as it is)."""
     url = _url(args.metrics_address)
+    ask = _url(args.metrics_address, kernel=True) if args.all else url
     for _attempt in range(3):
-        daemon, error = _fetch_daemon(url, args.daemon_timeout)
+        daemon, error = _fetch_daemon(ask, args.daemon_timeout, fallback=url)
         kernel, bound = _read_kernel()
+        extras = read_extras(frozenset(bound)) if args.all else None
         if daemon is None:
             break
         again, _ = _fetch_daemon(url, args.daemon_timeout)
@@ -261,6 +273,7 @@ def gather(args: argparse.Namespace) -> tuple[view.KernelView, view.Sources]:
         state_error=state_error,
         ours=frozenset(ours),
         bound=frozenset(bound),
+        extras=extras,
     )
     return kernel, sources
 
@@ -312,15 +325,15 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if args.connections:
         return _show_connections(args, report, sources, narrowed=bool(args.service or only))
-    if args.all:
-        report["all"] = view.all_json(read_extras(sources.bound), sources.daemon)
+    if sources.extras is not None:
+        report["all"] = view.all_json(sources.extras, sources.daemon)
     if args.output == "json":
         _dump(report)
         return 0
     counters = "stats" if args.stats else "rate" if args.rate else None
     namer = view.numeric_port if args.numeric else _port_name
     print(view.render_table(report, counters, args.output == "wide", namer))
-    if args.all:
+    if "all" in report:
         print("\n".join(view.render_all(report["all"])))
     return 0
 

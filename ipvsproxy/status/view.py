@@ -15,7 +15,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ipvsproxy.core.diff import DestOp, OpKind, diff_dests, diff_services
+from ipvsproxy.core import ipset_specs, ruleset
+from ipvsproxy.core.diff import DestOp, OpKind, diff_dests, diff_members, diff_services
 from ipvsproxy.core.identities import (
     EndpointIdentity,
     Identities,
@@ -24,6 +25,7 @@ from ipvsproxy.core.identities import (
     identities_from_json,
     identities_to_json,
 )
+from ipvsproxy.core.ruleset import ChainKey, Jump
 from ipvsproxy.core.virtual_servers import (
     FWD_DROUTE,
     FWD_LOCALNODE,
@@ -105,6 +107,20 @@ def daemon_document(
     }
 
 
+def kernel_document(
+    sets: Mapping[str, Collection[str]], chains: Mapping[ChainKey, str | None] | None
+) -> dict[str, Any]:
+    """What the daemon adds at /status/all, for ``status --all``'s drift: the sets a full
+    sync keeps with their members, and each chain it would restore with the digest of its
+    kernel copy as last written (null: it would rewrite it; ``chains`` null: not known yet)."""
+    return {
+        "ipsets": {name: sorted(members) for name, members in sorted(sets.items())},
+        "chains": None
+        if chains is None
+        else [[f, t, c, digest] for (f, t, c), digest in sorted(chains.items())],
+    }
+
+
 @dataclass(frozen=True)
 class DaemonView:
     node: str
@@ -115,6 +131,9 @@ class DaemonView:
     real_servers: Mapping[ServiceKey, Mapping[DestKey, RealServerLike]]
     identities: Mapping[str, ServiceIdentity]
     addresses: frozenset[str] | None = None  # None from a daemon that does not serve them
+    # ``kernel_document``'s: None where not served (or, for chains, not known yet)
+    sets: Mapping[str, frozenset[str]] | None = None
+    chains: Mapping[ChainKey, str | None] | None = None
 
 
 def parse_daemon_document(doc: Mapping[str, Any]) -> DaemonView:
@@ -144,9 +163,25 @@ def parse_daemon_document(doc: Mapping[str, Any]) -> DaemonView:
             real_servers=rss,
             identities=identities_from_json(doc.get("identities") or {}),
             addresses=None if addresses is None else frozenset(map(str, addresses)),
+            sets=_parse_sets(doc.get("ipsets")),
+            chains=_parse_chains(doc.get("chains")),
         )
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed daemon status document: {exc!r}") from exc
+
+
+def _parse_sets(doc: Any) -> dict[str, frozenset[str]] | None:
+    if doc is None:
+        return None
+    return {str(name): frozenset(map(str, members)) for name, members in doc.items()}
+
+
+def _parse_chains(doc: Any) -> dict[ChainKey, str | None] | None:
+    if doc is None:
+        return None
+    return {
+        (int(f), str(t), str(c)): None if digest is None else str(digest) for f, t, c, digest in doc
+    }
 
 
 # -- drift -----------------------------------------------------------------------------------
@@ -206,6 +241,7 @@ class Sources:
     state_error: str | None = None
     ours: frozenset[ServiceKey] = field(default_factory=frozenset)
     bound: frozenset[str] = field(default_factory=frozenset)  # kube-ipvs0's addresses
+    extras: Extras | None = None  # --all's, read with the kernel's IPVS state
 
 
 def _traffic_json(t: Traffic) -> tuple[dict[str, int], dict[str, int]]:
@@ -361,25 +397,42 @@ def build_report(
 @dataclass(frozen=True)
 class Extras:
     """kube-ipvs0's addresses, ipvsproxy's ipsets (name -> members) and its iptables chains
-    ((family, table, chain) -> rules) as read; an error instead where one could not be."""
+    ((family, table, chain) -> rules, and their digests) with the jumps to them that are
+    missing, as read; an error instead where one could not be."""
 
     addresses: frozenset[str]
-    ipsets: Mapping[str, int] = field(default_factory=dict)
+    ipsets: Mapping[str, Collection[str]] = field(default_factory=dict)
     ipsets_error: str | None = None
-    chains: Mapping[tuple[int, str, str], int] = field(default_factory=dict)
+    chains: Mapping[ChainKey, int] = field(default_factory=dict)
     chains_error: str | None = None
+    digests: Mapping[ChainKey, str] = field(default_factory=dict)
+    missing_jumps: Sequence[Jump] = ()
+    unread_tables: frozenset[tuple[int, str]] = frozenset()  # (family, table) not read
 
 
-def chain_rules(saved: str, chains: Collection[str]) -> dict[str, int]:
-    """Rules of each of ``chains`` that ``iptables-save -t TABLE`` (``saved``) shows."""
-    counts: dict[str, int] = {}
-    for line in saved.splitlines():
-        if line.startswith(":") and line[1:].split(" ", 1)[0] in chains:
-            counts.setdefault(line[1:].split(" ", 1)[0], 0)
-        elif line.startswith("-A ") and line.split(" ", 2)[1] in chains:
-            name = line.split(" ", 2)[1]
-            counts[name] = counts.get(name, 0) + 1
-    return counts
+def chains_read(saved: Mapping[tuple[int, str], str | OSError]) -> dict[str, Any]:
+    """``Extras``' chain fields from each (family, table)'s ``iptables-save -t TABLE`` text,
+    or the error reading it: our chains' rule counts and digests, the jumps to them missing,
+    the tables not read and why."""
+    chains: dict[ChainKey, int] = {}
+    digests: dict[ChainKey, str] = {}
+    missing: list[Jump] = []
+    errors: list[str] = []
+    for (family, table), text in sorted(saved.items()):
+        if isinstance(text, OSError):
+            errors.append(str(text))
+            continue
+        for chain, lines in ruleset.chain_lines(table, text).items():
+            chains[(family, table, chain)] = sum(ln.startswith("-A ") for ln in lines)
+        digests.update(ruleset.chain_digests({table: text}, family))
+        missing += ruleset.missing_jumps(table, text, family)
+    return {
+        "chains": chains,
+        "chains_error": "; ".join(errors) or None,
+        "digests": digests,
+        "missing_jumps": missing,
+        "unread_tables": frozenset(k for k, text in saved.items() if isinstance(text, OSError)),
+    }
 
 
 def address_drift(want: Collection[str] | None, have: Collection[str]) -> list[str] | None:
@@ -393,21 +446,79 @@ def address_drift(want: Collection[str] | None, have: Collection[str]) -> list[s
     ]
 
 
+def ipset_drift(
+    want: Mapping[str, Collection[str]] | None, have: Mapping[str, Collection[str]]
+) -> list[str] | None:
+    """The ipset operations a full sync would make (None when unknown): each set of ``want``
+    the kernel lacks is created; every set of ours holds what ``want`` names for it, nothing
+    when it names none (``diff_members``, as the dataplane's). Sets not ours are never
+    looked at."""
+    if want is None:
+        return None
+    ops: list[str] = []
+    for name in sorted(ipset_specs.NAMES):
+        held = have.get(name)
+        if name in want and held is None:
+            ops.append(f"create ipset {name}")
+        ops += [str(op) for op in diff_members(name, want.get(name, ()), held or ())]
+    return ops
+
+
+def _where(family: int, table: str) -> str:
+    return f"IPv{family} {table}"
+
+
+def chain_drift(
+    want: Mapping[ChainKey, str | None] | None,
+    have: Mapping[ChainKey, str],
+    missing: Sequence[Jump],
+    unread: Collection[tuple[int, str]] = (),
+) -> list[str] | None:
+    """The chains a full sync would restore (None when unknown, or when a table of ``want``
+    is ``unread``): each of ``want`` whose kernel copy's digest (``have``) is not the one it
+    left there, or that it would rewrite anyway (None), and the jumps to them missing in the
+    families it serves."""
+    if want is None or any((f, t) in unread for f, t, _c in want):
+        return None
+    ops: list[str] = []
+    for (family, table, chain), digest in sorted(want.items()):
+        held = have.get((family, table, chain))
+        if held is None:
+            ops.append(f"create chain {chain} in {_where(family, table)}")
+        elif held != digest:
+            ops.append(f"rewrite chain {chain} in {_where(family, table)}")
+    families = {family for family, _t, _c in want}
+    ops += [
+        f"insert jump {j.chain} -> {j.target} in {_where(j.family, j.table)}"
+        for j in missing
+        if j.family in families
+    ]
+    return ops
+
+
+def _drift_json(ops: list[str] | None) -> dict[str, Any]:
+    return {"count": None if ops is None else len(ops), "operations": ops or []}
+
+
 def all_json(extras: Extras, daemon: DaemonView | None) -> dict[str, Any]:
-    """``--all``'s part of the report. Drift is counted for the addresses (against the
-    daemon's desired binds); for ipsets and chains it is not (null): the daemon does not
-    serve their desired contents."""
+    """``--all``'s part of the report. Drift is counted against the daemon's desired binds,
+    sets and chains; unknown (null) without the daemon, from a daemon that does not serve
+    them, or where the kernel could not be read (a table of a family the daemon does not
+    serve may fail: its chains are not the daemon's to restore)."""
     ops = address_drift(daemon.addresses if daemon else None, extras.addresses)
-    unknown: dict[str, Any] = {"count": None, "operations": []}
+    set_ops = chain_ops = None
+    if daemon is not None and extras.ipsets_error is None:
+        set_ops = ipset_drift(daemon.sets, extras.ipsets)
+    if daemon is not None:
+        chain_ops = chain_drift(
+            daemon.chains, extras.digests, extras.missing_jumps, extras.unread_tables
+        )
     return {
-        "kubeIpvs0": {
-            "addresses": sorted(extras.addresses),
-            "drift": {"count": None if ops is None else len(ops), "operations": ops or []},
-        },
+        "kubeIpvs0": {"addresses": sorted(extras.addresses), "drift": _drift_json(ops)},
         "ipsets": {
-            "sets": [{"name": n, "members": c} for n, c in sorted(extras.ipsets.items())],
+            "sets": [{"name": n, "members": len(m)} for n, m in sorted(extras.ipsets.items())],
             "error": extras.ipsets_error,
-            "drift": unknown,
+            "drift": _drift_json(set_ops),
         },
         "chains": {
             "chains": [
@@ -415,7 +526,7 @@ def all_json(extras: Extras, daemon: DaemonView | None) -> dict[str, Any]:
                 for (fam, t, c), n in sorted(extras.chains.items())
             ],
             "error": extras.chains_error,
-            "drift": dict(unknown),
+            "drift": _drift_json(chain_ops),
         },
     }
 
@@ -424,23 +535,34 @@ def _drift_text(drift: Mapping[str, Any]) -> str:
     return "drift unknown" if drift["count"] is None else f"drift {drift['count']}"
 
 
+SHOWN_OPERATIONS = 10  # drift operations listed in the text, each part's first
+
+
+def _operation_lines(drift: Mapping[str, Any]) -> list[str]:
+    ops = drift["operations"]
+    lines = [f"  ! {op}" for op in ops[:SHOWN_OPERATIONS]]
+    if len(ops) > SHOWN_OPERATIONS:
+        lines.append(f"  ! ... and {len(ops) - SHOWN_OPERATIONS} more")
+    return lines
+
+
 def render_all(part: Mapping[str, Any]) -> list[str]:
     """``--all``'s lines, after the virtual servers."""
     k = part["kubeIpvs0"]
     lines = ["", f"kube-ipvs0: {len(k['addresses'])} addresses ({_drift_text(k['drift'])})"]
-    lines += [f"  {a}" for a in k["addresses"]] + [f"  ! {op}" for op in k["drift"]["operations"]]
+    lines += [f"  {a}" for a in k["addresses"]] + _operation_lines(k["drift"])
     s = part["ipsets"]
     lines.append(f"ipsets: {len(s['sets'])} ({_drift_text(s['drift'])})")
     lines += [f"  error: {s['error']}"] if s["error"] else []
     sets = [["  " + e["name"], f"{e['members']} members"] for e in s["sets"]]
-    lines += _aligned(sets) if sets else []
+    lines += (_aligned(sets) if sets else []) + _operation_lines(s["drift"])
     c = part["chains"]
     lines.append(f"iptables chains: {len(c['chains'])} ({_drift_text(c['drift'])})")
     lines += [f"  error: {c['error']}"] if c["error"] else []
     rows = [
         [f"  {e['family']}", e["table"], e["chain"], f"{e['rules']} rules"] for e in c["chains"]
     ]
-    lines += _aligned(rows) if rows else []
+    lines += (_aligned(rows) if rows else []) + _operation_lines(c["drift"])
     return lines
 
 

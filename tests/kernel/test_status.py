@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -253,6 +254,8 @@ def test_status_matches_ipvsadm_and_names_every_server(lab_cluster: Cluster, kub
         check_virtual_service_filters(lab_cluster, n1, state, web_ip)
         check_connections(lab_cluster, n1, state, web_ip, session.local, held_ip)
         check_all(lab_cluster, n1, state, web_ip)
+        drift_by_hand(lab_cluster, n1, web_ip)
+        check_drift_by_hand(lab_cluster, n1, state, web_ip)
     finally:
         session.close()
 
@@ -295,6 +298,19 @@ def test_status_matches_ipvsadm_and_names_every_server(lab_cluster: Cluster, kub
     assert {web_ip, sticky_ip} <= ours and n1.ip not in ours
     table = status(lab_cluster, n1, Path("/nonexistent/state.json"))
     assert "view: kernel only (no state file at /nonexistent/state.json; names unknown)" in table
+
+    # The daemons again (every node's: the fixture's cleanup is theirs): the first sync, a
+    # full reconcile, repairs what was changed by hand.
+    kube.start_daemons()
+    for each in lab_cluster.nodes:
+        kube.wait_first_sync(each)
+
+    def repaired() -> bool:
+        report = json.loads(status(lab_cluster, n1, state, "--all", "-o", "json"))
+        drifts = [report["all"][k]["drift"]["count"] for k in ("kubeIpvs0", "ipsets", "chains")]
+        return report["drift"]["count"] == 0 and drifts == [0, 0, 0]
+
+    wait_for(repaired, 30, "status --all: drift 0 everywhere after the daemon's reconcile")
 
 
 def pod_ip(cluster: Cluster, name: str) -> str:
@@ -500,8 +516,61 @@ def check_all(cluster: Cluster, node: Node, state: Path, web_ip: str) -> None:
     chains = {(e["family"], e["table"], e["chain"]): e["rules"] for e in part["chains"]["chains"]}
     rules = cluster.exec(node.netns, "iptables", "-t", "nat", "-S", "KUBE-SERVICES").stdout
     assert chains[("IPv4", "nat", "KUBE-SERVICES")] == rules.count("\n-A ") > 0
+    # The daemon's sets and chains as a reconcile would leave them.
+    assert part["ipsets"]["drift"] == NO_DRIFT, part["ipsets"]["drift"]
+    assert part["chains"]["drift"] == NO_DRIFT, part["chains"]["drift"]
     table = status(cluster, node, state, "--all", "-n")
     assert re.search(r"^kube-ipvs0: \d+ addresses \(drift 0\)$", table, re.M), table
+    assert re.search(r"^ipsets: \d+ \(drift 0\)$", table, re.M), table
+    assert re.search(r"^iptables chains: \d+ \(drift 0\)$", table, re.M), table
+
+
+NO_DRIFT = {"count": 0, "operations": []}
+STRAY = "192.0.2.99,tcp:80"  # a member no Service wants
+
+
+def forward_rule(cluster: Cluster, node: Node) -> str:
+    """KUBE-FORWARD's first rule, as ``iptables -S`` gives it."""
+    rules = cluster.exec(node.netns, "iptables", "-t", "filter", "-S", "KUBE-FORWARD").stdout
+    return next(ln for ln in rules.splitlines() if ln.startswith("-A "))
+
+
+def drift_by_hand(cluster: Cluster, node: Node, web_ip: str) -> None:
+    """A member of ipvsproxy's set deleted, one added; a rule added to one of its chains and
+    one deleted from another."""
+    run = cluster.exec
+    run(node.netns, "ipset", "del", "KUBE-CLUSTER-IP", f"{web_ip},tcp:80")
+    run(node.netns, "ipset", "add", "KUBE-CLUSTER-IP", STRAY)
+    extra = ["-A", "KUBE-SERVICES", "-m", "comment", "--comment", "by hand", "-j", "RETURN"]
+    run(node.netns, "iptables", "-t", "nat", *extra)
+    gone = shlex.split(forward_rule(cluster, node))
+    run(node.netns, "iptables", "-t", "filter", "-D", *gone[1:])
+
+
+def check_drift_by_hand(cluster: Cluster, node: Node, state: Path, web_ip: str) -> None:
+    """status --all counts and names exactly what ``drift_by_hand`` changed."""
+    report = json.loads(status(cluster, node, state, "--all", "-o", "json"))
+    part = report["all"]
+    assert part["ipsets"]["drift"] == {
+        "count": 2,
+        "operations": [
+            f"add {web_ip},tcp:80 in ipset KUBE-CLUSTER-IP",
+            f"delete {STRAY} in ipset KUBE-CLUSTER-IP",
+        ],
+    }
+    assert part["chains"]["drift"] == {
+        "count": 2,
+        "operations": [
+            "rewrite chain KUBE-FORWARD in IPv4 filter",
+            "rewrite chain KUBE-SERVICES in IPv4 nat",
+        ],
+    }
+    assert part["kubeIpvs0"]["drift"] == NO_DRIFT and report["drift"] == NO_DRIFT
+    table = status(cluster, node, state, "--all", "-n")
+    assert re.search(r"^ipsets: \d+ \(drift 2\)$", table, re.M), table
+    assert f"  ! delete {STRAY} in ipset KUBE-CLUSTER-IP" in table.splitlines()
+    assert re.search(r"^iptables chains: \d+ \(drift 2\)$", table, re.M), table
+    assert "  ! rewrite chain KUBE-SERVICES in IPv4 nat" in table.splitlines()
 
 
 def test_status_filter_and_connections_over_ipv6(lab_cluster: Cluster, tmp_path: Path) -> None:

@@ -3,7 +3,9 @@ written through ip6tables beside IPv4's through iptables (FamilyRules)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -12,7 +14,7 @@ from ipvsproxy.core.plan import OutFilter
 from ipvsproxy.core.ruleset import Jump, RulesConfig
 from ipvsproxy.core.virtual_servers import Protocol
 from ipvsproxy.kernel.errors import ApplyError, Counters, Rejected
-from ipvsproxy.kernel.iptables import FamilyRules, Observed, restore_failures_by_family
+from ipvsproxy.kernel.iptables import FamilyRules, Observed, observe, restore_failures_by_family
 
 V6 = ipset_specs.V6
 CFG = RulesConfig(cluster_cidr="10.244.0.0/16", cluster_cidr6="fd00:10:244::/56")
@@ -60,7 +62,13 @@ def test_node_cidr_mode_uses_the_pod_cidr_of_each_family() -> None:
 
 
 class Recorder:
-    def __init__(self, refuse: bool = False, missing: Sequence[Jump] = ()) -> None:
+    def __init__(
+        self,
+        refuse: bool = False,
+        missing: Sequence[Jump] = (),
+        chains: dict[Any, str] | None = None,
+    ) -> None:
+        self.chains = chains or {}
         self.counters = Counters()
         self.restore_failures = 0
         self.applied: list[tuple[str, list[Jump]]] = []
@@ -68,7 +76,7 @@ class Recorder:
         self.missing = tuple(missing)
 
     def read(self) -> Observed:
-        return Observed(f"fp-{id(self)}", self.missing)
+        return Observed(f"fp-{id(self)}", self.missing, self.chains)
 
     def missing_jumps_checked(self) -> tuple[Jump, ...]:
         return self.missing
@@ -97,6 +105,27 @@ def test_family_rules_restore_each_part_with_its_familys_jumps() -> None:
     assert text6 == ruleset.render(CFG, SETS, FILTERS, 6)
     assert [(j.target, j.family) for j in jumps6] == [(jump.target, 6)]
     assert rules.counters.ok == {"restore": 2}
+
+
+def test_family_rules_digest_each_familys_chains_under_its_family() -> None:
+    """An IPTables reads one family's tables; FamilyRules names each chain by its family."""
+    v4 = Recorder(chains={(4, "nat", "KUBE-SERVICES"): "d4"})
+    v6 = Recorder(chains={(4, "nat", "KUBE-SERVICES"): "d6"})
+    assert FamilyRules({4: v4, 6: v6}).read().chains == {
+        (4, "nat", "KUBE-SERVICES"): "d4",
+        (6, "nat", "KUBE-SERVICES"): "d6",
+    }
+
+
+def test_observe_fingerprint_is_the_digest_of_every_line_of_our_chains() -> None:
+    """The state file keeps this fingerprint: the chain-by-chain digests leave it as it was."""
+    nat = ":KUBE-SERVICES - [0:0]\n:OTHER - [0:0]\n-A KUBE-SERVICES -j ACCEPT\n-A OTHER -j DROP\n"
+    lines = ["nat :KUBE-SERVICES - [0:0]", "nat -A KUBE-SERVICES -j ACCEPT"]
+    seen = observe({"nat": nat}, family=6)
+    assert seen.fingerprint == hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
+    assert seen.chains == {
+        (6, "nat", "KUBE-SERVICES"): ruleset.chain_digest([line[4:] for line in lines])
+    }
 
 
 def test_a_family_refused_raises_after_the_other_is_written() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ipvsproxy.core import ipset_specs
+from ipvsproxy.core import ipset_specs, ruleset
 from ipvsproxy.core.desired import DesiredState
 from ipvsproxy.core.plan import NodeFacts, OutFilter, PlanConfig, ServicePlan, plan_service
 from ipvsproxy.core.ruleset import RulesConfig, render
@@ -173,3 +173,14 @@ def test_the_local_detector_defaults() -> None:
         "! -s 10.244.0.0/16"
     )
     assert RulesConfig(detect_local="NodeCIDR", cluster_cidr="10.244.0.0/16").if_not_local() is None
+
+
+def test_rendered_chains_are_each_familys_chains_with_their_lines() -> None:
+    text = ruleset.render_families(ruleset.RulesConfig(), frozenset(), [], (4, 6))
+    chains = ruleset.rendered_chains(text)
+    tables = {"nat": ruleset.NAT_CHAINS, "filter": ruleset.FILTER_CHAINS}
+    assert set(chains) == {(f, t, c) for f in (4, 6) for t, cs in tables.items() for c in cs}
+    assert chains[(4, "nat", "KUBE-MARK-MASQ")][0] == ":KUBE-MARK-MASQ - [0:0]"
+    assert all(
+        ln.startswith("-A KUBE-MARK-MASQ ") for ln in chains[(6, "nat", "KUBE-MARK-MASQ")][1:]
+    )

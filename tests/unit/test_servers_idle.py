@@ -17,12 +17,12 @@ import pytest
 
 from ipvsproxy import config
 from ipvsproxy.daemon.wiring import serve_metrics
-from ipvsproxy.servers.healthz import HealthState
+from ipvsproxy.servers.healthz import HealthState, json_route, serve_routes
 from ipvsproxy.servers.healthz import serve as serve_health
 from ipvsproxy.servers.httpserver import HTTPServer, Response
 from ipvsproxy.servers.metrics import Metrics
 from ipvsproxy.servers.service_health import HealthCheckServers, Target
-from ipvsproxy.status import command
+from ipvsproxy.status import command, view
 
 IDLE = 1000
 PROBE_TIMEOUT = 5.0  # a failure bound, not a speed requirement
@@ -131,8 +131,8 @@ def test_daemon_servers_time_out_idle_connections() -> None:
 
 
 class _Proxy:
-    def status_document(self) -> dict[str, Any]:
-        return {"node": "node-1"}
+    def status_document(self, kernel: bool = False) -> dict[str, Any]:
+        return {"node": "node-1"} | ({"ipsets": {}} if kernel else {})
 
 
 @pytest.mark.parametrize(
@@ -152,8 +152,10 @@ def test_status_is_next_to_metrics_apart_or_off(
     try:
         assert get(metrics_port, "/metrics")[0] == 200
         assert get(metrics_port, "/status")[0] == on_metrics
+        assert get(metrics_port, "/status/all")[0] == on_metrics
         if apart:
             assert get(status_port, "/status") == (200, b'{"node": "node-1"}')
+            assert get(status_port, "/status/all") == (200, b'{"node": "node-1", "ipsets": {}}')
             assert get(status_port, "/metrics")[0] == 404
         else:
             with pytest.raises(ConnectionRefusedError):
@@ -175,3 +177,20 @@ def test_ipvsproxy_status_is_pointed_at_a_status_address() -> None:
     command.add_arguments(parser)
     args = parser.parse_args(["--status-address", "127.0.0.1:10300"])
     assert args.metrics_address == "127.0.0.1:10300"
+
+
+def test_status_all_falls_back_to_status_from_a_daemon_without_it() -> None:
+    """An older daemon serves no /status/all: status --all reads /status, its sets' and
+    chains' drift unknown."""
+    doc = view.daemon_document("node-1", {}, {}, {}, 1.0, 0, {})
+    port = free_port()
+    server = serve_routes(f"127.0.0.1:{port}", {"/status": json_route(lambda: (200, doc))}, "s")
+    try:
+        base = f"http://127.0.0.1:{port}/status"
+        daemon, error = command._fetch_daemon(f"{base}/all", 2, fallback=base)
+        assert error is None and daemon is not None and daemon.node == "node-1"
+        assert daemon.sets is None and daemon.chains is None
+        daemon, error = command._fetch_daemon(f"{base}/all", 2)
+        assert daemon is None and error is not None and "404" in error
+    finally:
+        server.close()

@@ -4,7 +4,9 @@ and the command's ``--all`` on the same faked sources."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,7 +148,11 @@ def _fake_gather(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     kernel: view.KernelView = {k: (vs, Traffic(*([0] * 10)), {}) for k, vs in vss.items()}
     doc = view.daemon_document("node-1", vss, {}, {"default/web": WEB_IDENT}, 1.0, 0, {})
     src = view.Sources(daemon_url="u", daemon=view.parse_daemon_document(doc), ours=frozenset(vss))
-    monkeypatch.setattr(command, "gather", lambda _args: (kernel, src))
+
+    def gather(args: Any) -> tuple[view.KernelView, view.Sources]:
+        return kernel, replace(src, extras=command.read_extras(src.bound) if args.all else None)
+
+    monkeypatch.setattr(command, "gather", gather)
     proc = tmp_path / "ip_vs_conn"
     proc.write_text(PROC + "UDP 0AF4010C 8000 0A600035 0035 0AF4010C 0035 UDP 299\n")
     monkeypatch.setattr(connections, "PROC_PATH", str(proc))
@@ -194,7 +200,7 @@ def test_command_all_adds_addresses_ipsets_and_chains(
 
     def extras(bound: frozenset[str]) -> view.Extras:
         seen.append(bound)
-        return view.Extras(frozenset({"10.96.0.10"}), {"KUBE-CLUSTER-IP": 1}, None, {}, None)
+        return view.Extras(frozenset({"10.96.0.10"}), {"KUBE-CLUSTER-IP": {"10.96.0.10,tcp:80"}})
 
     monkeypatch.setattr(command, "read_extras", extras)
     assert cli.main(["status", "--all", "-o", "json"]) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from ipvsproxy.core.identities import (
     ServiceIdentity,
     VirtualServerIdentity,
 )
+from ipvsproxy.core.ruleset import JUMPS, chain_digest
 from ipvsproxy.core.virtual_servers import (
     FWD_DROUTE,
     FWD_MASQ,
@@ -1003,10 +1005,20 @@ COMMIT
 """
 
 
-def test_chain_rules_counts_only_the_chains_asked_and_empty_ones() -> None:
-    counts = view.chain_rules(SAVED_NAT, ("KUBE-SERVICES", "KUBE-MARK-MASQ", "KUBE-NODE-PORT"))
-    assert counts == {"KUBE-SERVICES": 2, "KUBE-MARK-MASQ": 1, "KUBE-NODE-PORT": 0}
-    assert view.chain_rules(SAVED_NAT, ("KUBE-FORWARD",)) == {}
+def test_chains_read_counts_our_chains_rules_and_keeps_what_failed() -> None:
+    read = view.chains_read({(4, "nat"): SAVED_NAT, (6, "nat"): OSError("no table nat")})
+    assert read["chains"] == {
+        (4, "nat", "KUBE-SERVICES"): 2,
+        (4, "nat", "KUBE-MARK-MASQ"): 1,
+        (4, "nat", "KUBE-NODE-PORT"): 0,
+    }
+    assert set(read["digests"]) == set(read["chains"])
+    assert read["chains_error"] == "no table nat"
+    assert read["unread_tables"] == frozenset({(6, "nat")})
+    # PREROUTING's jump has no comment: it is not ours; every nat jump is missing.
+    assert [(j.chain, j.target) for j in read["missing_jumps"]] == [
+        (j.chain, j.target) for j in JUMPS if j.table == "nat"
+    ]
 
 
 def test_daemon_document_carries_the_addresses_to_bind() -> None:
@@ -1029,7 +1041,8 @@ def test_address_drift_binds_missing_and_unbinds_extra() -> None:
 def extras() -> view.Extras:
     return view.Extras(
         frozenset({"10.96.0.10", "10.96.0.99"}),
-        {"KUBE-CLUSTER-IP": 3, "KUBE-LOOP-BACK": 0},
+        {"KUBE-CLUSTER-IP": {"10.96.0.10,tcp:80", "10.96.0.10,udp:53", "10.96.0.99,tcp:80"}}
+        | {"KUBE-LOOP-BACK": set()},
         None,
         {(4, "nat", "KUBE-SERVICES"): 2, (6, "filter", "KUBE-FORWARD"): 4},
         "ip6tables-save -t nat: no table",
@@ -1079,3 +1092,128 @@ def test_render_all_lines() -> None:
     assert "iptables chains: 2 (drift unknown)" in lines
     assert "  error: ip6tables-save -t nat: no table" in lines
     assert ["IPv4", "nat", "KUBE-SERVICES", "2", "rules"] in [ln.split() for ln in lines]
+
+
+# -- ipset and chain drift (--all) -------------------------------------------------------------
+
+CIP = "KUBE-CLUSTER-IP"
+WANT_SETS = {CIP: {"10.96.0.10,tcp:80"}, "KUBE-LOOP-BACK": set()}
+
+
+def test_ipset_drift_none_when_the_kernel_holds_what_the_daemon_keeps() -> None:
+    assert view.ipset_drift(WANT_SETS, WANT_SETS) == []
+
+
+def test_ipset_drift_adds_missing_and_deletes_extra_members() -> None:
+    have = {CIP: {"10.96.0.99,tcp:80"}, "KUBE-LOOP-BACK": set()}
+    assert view.ipset_drift(WANT_SETS, have) == [
+        f"add 10.96.0.10,tcp:80 in ipset {CIP}",
+        f"delete 10.96.0.99,tcp:80 in ipset {CIP}",
+    ]
+
+
+def test_ipset_drift_creates_a_missing_set_with_its_members() -> None:
+    assert view.ipset_drift(WANT_SETS, {"KUBE-LOOP-BACK": set()}) == [
+        f"create ipset {CIP}",
+        f"add 10.96.0.10,tcp:80 in ipset {CIP}",
+    ]
+
+
+def test_ipset_drift_empties_a_set_of_ours_the_daemon_does_not_keep_but_leaves_it() -> None:
+    have = {**WANT_SETS, "KUBE-6-CLUSTER-IP": {"fd00::a,tcp:80"}, "KUBE-NODE-PORT-TCP": set()}
+    assert view.ipset_drift(WANT_SETS, have) == ["delete fd00::a,tcp:80 in ipset KUBE-6-CLUSTER-IP"]
+
+
+def test_ipset_drift_ignores_sets_not_ours() -> None:
+    have = {**WANT_SETS, "CALICO-ALL-HOSTS": {"10.0.0.1"}, "kube-cluster-ip": {"x"}}
+    assert view.ipset_drift({**WANT_SETS, "OTHER": {"y"}}, have) == []
+
+
+def test_ipset_drift_unknown_without_the_daemons_sets() -> None:
+    assert view.ipset_drift(None, WANT_SETS) is None
+
+
+SERVICES = (4, "nat", "KUBE-SERVICES")
+FORWARD = (4, "filter", "KUBE-FORWARD")
+
+
+def test_chain_drift_none_when_every_digest_is_the_one_left() -> None:
+    assert view.chain_drift({SERVICES: "a", FORWARD: "b"}, {SERVICES: "a", FORWARD: "b"}, []) == []
+
+
+def test_chain_drift_names_each_chain_changed_missing_or_to_rewrite() -> None:
+    want: dict[tuple[int, str, str], str | None] = {SERVICES: "a", FORWARD: "b"}
+    want[(4, "nat", "KUBE-MARK-MASQ")] = None  # its rendering changed: rewritten anyway
+    have = {SERVICES: "changed", (4, "nat", "KUBE-MARK-MASQ"): "c"}
+    assert view.chain_drift(want, have, []) == [
+        "create chain KUBE-FORWARD in IPv4 filter",
+        "rewrite chain KUBE-MARK-MASQ in IPv4 nat",
+        "rewrite chain KUBE-SERVICES in IPv4 nat",
+    ]
+
+
+def test_chain_drift_counts_missing_jumps_of_the_daemons_families_only() -> None:
+    v6 = replace(JUMPS[0], family=6)
+    ops = view.chain_drift({SERVICES: "a"}, {SERVICES: "a"}, [JUMPS[0], v6])
+    assert ops == ["insert jump OUTPUT -> KUBE-SERVICES in IPv4 nat"]
+
+
+def test_chain_drift_ignores_chains_of_a_family_the_daemon_does_not_serve() -> None:
+    have = {SERVICES: "a", (6, "nat", "KUBE-SERVICES"): "stale"}
+    assert view.chain_drift({SERVICES: "a"}, have, [], unread={(6, "filter")}) == []
+
+
+def test_chain_drift_unknown_when_a_table_it_would_restore_was_not_read() -> None:
+    assert view.chain_drift({SERVICES: "a"}, {}, [], unread={(4, "nat")}) is None
+    assert view.chain_drift(None, {SERVICES: "a"}, []) is None
+
+
+def test_kernel_document_round_trips_through_the_daemon_document() -> None:
+    doc = view.daemon_document("n", {}, {}, {}, None, 0, {})
+    assert view.parse_daemon_document(doc).sets is None  # /status: not served
+    doc |= view.kernel_document({CIP: {"b", "a"}}, {SERVICES: "d", FORWARD: None})
+    assert doc["ipsets"] == {CIP: ["a", "b"]}
+    parsed = view.parse_daemon_document(doc)
+    assert parsed.sets == {CIP: frozenset({"a", "b"})}
+    assert parsed.chains == {SERVICES: "d", FORWARD: None}
+    doc |= view.kernel_document({}, None)  # chains not known yet
+    assert view.parse_daemon_document(doc).chains is None
+
+
+def daemon_with(sets: Mapping[str, set[str]], chains: Any) -> view.DaemonView:
+    doc = view.daemon_document("n", {}, {}, {}, None, 0, {}, addresses={"10.96.0.10"})
+    return view.parse_daemon_document(doc | view.kernel_document(sets, chains))
+
+
+def test_all_json_counts_ipset_and_chain_drift_against_the_daemon() -> None:
+    sets = {CIP: {"10.96.0.10,tcp:80", "10.96.0.10,udp:53", "10.96.0.20,tcp:80"}}
+    digests = {SERVICES: "d"}
+    part = view.all_json(replace(extras(), digests=digests), daemon_with(sets, digests))
+    assert part["ipsets"]["drift"] == {
+        "count": 2,
+        "operations": [
+            f"add 10.96.0.20,tcp:80 in ipset {CIP}",
+            f"delete 10.96.0.99,tcp:80 in ipset {CIP}",
+        ],
+    }
+    # ip6tables-save failed, but the daemon restores IPv4's chains only.
+    assert part["chains"]["drift"] == {"count": 0, "operations": []}
+    assert view.all_json(extras(), None)["ipsets"]["drift"]["count"] is None
+    failed = replace(extras(), ipsets_error="no netlink")
+    assert view.all_json(failed, daemon_with(sets, digests))["ipsets"]["drift"]["count"] is None
+
+
+def test_render_all_lists_the_first_operations_and_counts_the_rest() -> None:
+    many = {CIP: {f"10.96.1.{i},tcp:80" for i in range(12)}}
+    lines = view.render_all(view.all_json(replace(extras(), ipsets={}), daemon_with(many, None)))
+    assert "ipsets: 0 (drift 13)" in lines
+    shown = [ln for ln in lines if ln.startswith("  ! ") and "ipset" in ln]
+    assert shown[0] == f"  ! create ipset {CIP}" and len(shown) == view.SHOWN_OPERATIONS
+    assert shown[1] == f"  ! add 10.96.1.0,tcp:80 in ipset {CIP}"
+    assert "  ! ... and 3 more" in lines
+    assert "iptables chains: 2 (drift unknown)" in lines  # the daemon knows no chains yet
+
+
+def test_chain_digest_is_of_the_lines_in_any_order() -> None:
+    assert chain_digest(["-A X -j A", "-A X -j B"]) == chain_digest(["-A X -j B", "-A X -j A"])
+    assert chain_digest(["-A X -j A"]) != chain_digest(["-A X -j B"])

@@ -8,10 +8,10 @@ import os
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
-from ipvsproxy.core.ruleset import JUMPS, Jump
+from ipvsproxy.core.ruleset import JUMPS, OURS, Jump
 from ipvsproxy.kernel.errors import ApplyError, Rejected
 from ipvsproxy.kernel.fakes.faults import FakeBackend
-from ipvsproxy.kernel.iptables import OURS, Observed, observe, with_jumps
+from ipvsproxy.kernel.iptables import Observed, observe, with_jumps
 
 # The built-in chains of each table: a restore never flushes them, nothing deletes them.
 BUILT_IN = {
