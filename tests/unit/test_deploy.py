@@ -1081,6 +1081,8 @@ def test_prepare_sysctls_leaves_an_invalid_configuration_to_ipvsproxy(
 IMAGE_PACKAGES = {"python3", "iptables", "ipset", "ipvsadm", "iproute2", "conntrack", "kmod"}
 # A dated Debian build (bookworm-YYYYMMDD-slim) and the digest of its multi-platform index.
 PINNED_BASE = re.compile(r"docker\.io/library/debian:bookworm-[0-9]{8}-slim@sha256:[0-9a-f]{64}")
+# The node tools that talk to the kernel as soon as they run: `command -v` only, at build time.
+KERNEL_TOOL = re.compile(r"\b(ipset|ipvsadm|conntrack) +-\S*")
 # The image's interpreter: bookworm's python3. The lock is resolved for it.
 IMAGE_PYTHON = "3.11"
 LOCK = DEPLOY / "requirements.lock"
@@ -1129,6 +1131,11 @@ def check_containerfile(text: str) -> None:
     env = " ".join(line for line in runtime if line.startswith("ENV "))
     if "PYTHONDONTWRITEBYTECODE=1" not in env.split():
         raise ManifestError("PYTHONDONTWRITEBYTECODE=1 is not set")
+    # A builder gives no kernel access: ipset, ipvsadm and conntrack ask the kernel before they
+    # print anything, even --version (ipset: "Kernel error received: Operation not permitted").
+    for line in runtime:
+        if line.startswith("RUN ") and (used := KERNEL_TOOL.search(line)) is not None:
+            raise ManifestError(f"the build runs {used.group(0)!r}, which needs the kernel")
     users = [line.split()[1] for line in runtime if line.startswith("USER ")]
     uid = users[-1].split(":")[0] if users else "0"
     if not uid.isdigit() or int(uid) == 0:
@@ -1163,10 +1170,11 @@ def _swap(old: str, new: str) -> Callable[[str], str]:
         (_swap("USER 65532:65532", "USER 0"), "non-root"),
         (_swap("USER 65532:65532\n", ""), "non-root"),
         (_swap("python -m compileall", "python -m site"), "compileall"),
+        (_swap("ip -V \\\n", "ip -V && ipvsadm --version \\\n"), "'ipvsadm --version'"),
     ],
     ids=[
         "bad-digest", "no-digest", "undated", "other-base", "no-hashes", "build-isolation",
-        "no-ipvsadm-ip", "bytecode", "root-user", "no-user", "no-compileall",
+        "no-ipvsadm-ip", "bytecode", "root-user", "no-user", "no-compileall", "kernel-tool",
     ],
 )  # fmt: skip
 def test_containerfile_check_catches_a_bad_copy(spoil: Callable[[str], str], message: str) -> None:
