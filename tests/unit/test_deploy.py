@@ -1136,6 +1136,18 @@ def check_containerfile(text: str) -> None:
     for line in runtime:
         if line.startswith("RUN ") and (used := KERNEL_TOOL.search(line)) is not None:
             raise ManifestError(f"the build runs {used.group(0)!r}, which needs the kernel")
+    # ...so they are looked for one by one: dash's `command -v A B` checks A alone.
+    for line in runtime:
+        if (several := re.search(r"command -v (\S+ +[^-&|;>\s]\S*)", line)) is not None:
+            raise ManifestError(f"`command -v {several.group(1)}` checks its first name only")
+    looked_for = re.search(r'for tool in ([^;]+); do command -v "\$tool" >/dev/null \|\| exit 1',
+                           " ".join(runtime))  # fmt: skip
+    if looked_for is None or not set(looked_for.group(1).split()) >= {
+        "ipset",
+        "ipvsadm",
+        "conntrack",
+    }:
+        raise ManifestError("the build does not look for ipset, ipvsadm and conntrack")
     users = [line.split()[1] for line in runtime if line.startswith("USER ")]
     uid = users[-1].split(":")[0] if users else "0"
     if not uid.isdigit() or int(uid) == 0:
@@ -1171,10 +1183,13 @@ def _swap(old: str, new: str) -> Callable[[str], str]:
         (_swap("USER 65532:65532\n", ""), "non-root"),
         (_swap("python -m compileall", "python -m site"), "compileall"),
         (_swap("ip -V \\\n", "ip -V && ipvsadm --version \\\n"), "'ipvsadm --version'"),
+        (_swap("ip -V \\\n", "ip -V && command -v ipset ipvsadm \\\n"), "first name only"),
+        (_swap("for tool in ipset ipvsadm", "for tool in ipvsadm"), "look for ipset"),
     ],
     ids=[
         "bad-digest", "no-digest", "undated", "other-base", "no-hashes", "build-isolation",
         "no-ipvsadm-ip", "bytecode", "root-user", "no-user", "no-compileall", "kernel-tool",
+        "command-v-several", "not-looked-for",
     ],
 )  # fmt: skip
 def test_containerfile_check_catches_a_bad_copy(spoil: Callable[[str], str], message: str) -> None:
