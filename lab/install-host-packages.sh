@@ -2,7 +2,7 @@
 # Install the Debian packages the kernel lab needs, only those that are missing, so that a
 # second `make test` does no apt work at all.
 set -eu
-PKGS="user-mode-linux ipvsadm ipset iptables conntrack kmod iproute2 shellcheck ruby"
+PKGS="user-mode-linux ipvsadm ipset iptables conntrack kmod iproute2 shellcheck ruby buildah debootstrap"
 missing=""
 for p in $PKGS; do
     status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
