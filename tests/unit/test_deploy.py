@@ -1,19 +1,25 @@
 """deploy/: what puts ipvsproxy on a real cluster in place of kube-proxy.
 
-No cluster and no image build can run here, so these tests check everything that can be
-checked without one, and each check is shown to fail on a deliberately bad copy:
+No cluster runs here, so these tests check everything that can be checked without one, and
+each check is shown to fail on a deliberately bad copy (the image is built, and the lock
+installed, by tests/harness/test_image_build.py and test_image_lock.py):
 
 - every manifest, and ``kubectl kustomize deploy/``'s output, against the Kubernetes OpenAPI
   schemas of the newest release ``kubernetes-validate`` knows, strictly (unknown fields fail);
 - the ClusterRole grants exactly the API calls the daemon makes, and nothing else;
-- the DaemonSet's properties one by one (the kube-proxy model, capabilities instead of
-  privileged, the mounts, the probes, the command);
+- the DaemonSet's properties one by one (the kube-proxy model, the mounts, the probes, the
+  command) and issue 18's: capabilities instead of privileged, root by uid only, seccomp
+  RuntimeDefault, a read-only root filesystem, SELinux type spc_t, memory requested as limited
+  and sized from the benchmark's peak, the image tagged with the package's version;
 - the ConfigMap's KubeProxyConfiguration loads through ``ipvsproxy.config`` exactly as the
   DaemonSet passes it (the ``--config`` path resolved through the volume mount), with no
   warning;
-- the entrypoint passes shellcheck and picks the iptables backend as upstream's images do
-  (run with stub iptables-*-save commands), and prepare_sysctls.py writes what ipvsproxy needs;
-- the Containerfile installs the tools and puts the entrypoint where the DaemonSet runs it.
+- the entrypoint passes shellcheck, picks the iptables backend as upstream's images do (run
+  with stub iptables-*-save commands) and writes nothing but its links in the run directory,
+  and prepare_sysctls.py writes what ipvsproxy needs;
+- the Containerfile: base pinned by digest, dependencies from the hashed lock, the tools, no
+  bytecode written at run time, a non-root default user, the entrypoint where the DaemonSet
+  runs it; the lock pins every runtime dependency with hashes.
 """
 
 from __future__ import annotations
