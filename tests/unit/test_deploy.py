@@ -942,6 +942,51 @@ def test_entrypoint_links_every_iptables_command_ipvsproxy_runs(tmp_path: Path) 
     assert not mount.get("readOnly") and volume["emptyDir"]["medium"] == "Memory"
 
 
+def test_daemonset_writes_only_its_mounts() -> None:
+    """With the root filesystem read-only, these are all the container can write: the host's
+    state directory, xtables lock and /proc/sys/net, and two small memory emptyDirs (the
+    entrypoint's links, temporary files)."""
+    assert container()["securityContext"]["readOnlyRootFilesystem"] is True
+    writable = {
+        path for path, (mount, _) in volumes_by_mount().items() if not mount.get("readOnly")
+    }
+    assert writable == {
+        "/var/lib/ipvsproxy", "/run/xtables.lock", "/host/proc/sys/net", IMAGE_RUN_DIR, "/tmp",
+    }  # fmt: skip
+    for path in (IMAGE_RUN_DIR, "/tmp"):
+        volume = volumes_by_mount()[path][1]
+        assert volume["emptyDir"]["medium"] == "Memory" and "sizeLimit" in volume["emptyDir"]
+
+
+def test_the_api_client_writes_inline_kubeconfig_data_to_the_temporary_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Why /tmp is writable: a kubeconfig with certificate-authority-data makes the official
+    client write the certificate to a temporary file."""
+    import base64
+    import tempfile
+
+    from ipvsproxy.daemon.wiring import api_client
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    (tmp_path / "kubeconfig").write_text(
+        yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "k", "cluster": {
+                "server": "https://192.0.2.1:6443", "certificate-authority-data": ca.decode(),
+            }}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+        })
+    )  # fmt: skip
+    cfg = dataclasses.replace(config.ProxyConfig(), kubeconfig=str(tmp_path / "kubeconfig"))
+    api = api_client(cfg)
+    assert Path(api.configuration.ssl_ca_cert).parent == temporary
+
+
 def test_entrypoint_as_non_root_links_nothing_and_runs_the_command(tmp_path: Path) -> None:
     """The image's default user (not root): `ipvsproxy version` needs no kernel, so no
     detection and no links; the command still runs."""
