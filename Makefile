@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 APT_STAMP := $(VENV)/.apt-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all setup upstream test test-host test-kernel lint fmt demo bench bench-scaling mutate clean
+.PHONY: all setup upstream test test-host test-kernel lint fmt demo bench bench-scaling mutate lock image clean
 
 all: test
 
@@ -83,6 +83,30 @@ mutate: setup $(MUTATE_STAMP)
 	rm -rf mutants
 	$(VENV)/bin/mutmut run --max-children $${MUTATE_JOBS:-2} > mutants.log 2>&1 || (tail -40 mutants.log; exit 1)
 	$(VENV)/bin/mutmut results
+
+# The image's dependencies, hashed (deploy/Containerfile installs them with --require-hashes):
+# deploy/requirements.lock, pyproject.toml's [project] dependencies and theirs, and
+# deploy/build-requirements.lock, its [build-system] requires. Resolved for the image's Python,
+# bookworm's 3.11: PYTHON must be a 3.11. pip-tools runs from a throwaway venv, never the
+# project's. Pins already in a lock are kept; LOCK_ARGS=--upgrade moves every one to the newest.
+LOCK_VENV ?= $(or $(TMPDIR),/tmp)/ipvsproxy-lock-venv
+PIP_TOOLS ?= pip-tools==7.7.0
+LOCK_ARGS ?=
+PIP_COMPILE = CUSTOM_COMPILE_COMMAND="make lock" PIP_FIND_LINKS= $(LOCK_VENV)/bin/pip-compile -q \
+	--generate-hashes --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links $(LOCK_ARGS)
+lock:
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "PYTHON must be a Python 3.11")'
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install -q "$(PIP_TOOLS)"
+	$(PIP_COMPILE) --output-file deploy/requirements.lock pyproject.toml
+	$(PIP_COMPILE) --all-build-deps --only-build-deps --output-file deploy/build-requirements.lock pyproject.toml
+
+# The image, tagged with the package's version (the tag deploy/ names). CONTAINER_TOOL=podman
+# works too.
+CONTAINER_TOOL ?= docker
+VERSION = $(shell $(PYTHON) -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+image:
+	$(CONTAINER_TOOL) build -f deploy/Containerfile -t ipvsproxy:$(VERSION) .
 
 clean:
 	rm -rf $(VENV) mutants mutants.log .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -8,6 +8,13 @@
 #    (KUBE-IPTABLES-HINT, KUBE-KUBELET-CANARY in the mangle table) decide if present;
 #    otherwise the backend holding more rules wins, nft on a tie.
 #    IPVSPROXY_IPTABLES_MODE=legacy|nft skips the detection.
+#    Nothing in the image is written: the plain names are symbolic links in
+#    $IPVSPROXY_RUN_DIR/bin (default /run/ipvsproxy/bin, an emptyDir in the DaemonSet), which
+#    comes first in PATH (the image's PATH has it too, so `kubectl exec` finds the same
+#    backend). ipvsproxy runs iptables-restore, iptables-save and iptables by name through
+#    PATH. The root filesystem can be read-only.
+#    Not as root (the image's default user, for `ipvsproxy version` and the like) there is no
+#    kernel to program and nothing is linked.
 # 2. For `ipvsproxy run ...`: writes the kernel settings ipvsproxy needs (net.ipv4.vs.*,
 #    ip_forward, the conntrack limits) through the host's /proc/sys/net mounted at
 #    $IPVSPROXY_HOST_PROC_SYS/net (default /host/proc/sys/net), because an unprivileged
@@ -54,27 +61,47 @@ detect_mode() {
     fi
 }
 
+run_dir=${IPVSPROXY_RUN_DIR:-/run/ipvsproxy}
+bin_dir=$run_dir/bin
+
+# Links the plain names to $mode's binaries (Debian's iptables package installs all of them).
+link_backend() {
+    mkdir -p "$bin_dir" || return 1
+    for family in iptables ip6tables; do
+        for suffix in "" -save -restore; do
+            ln -sfn "/usr/sbin/$family-$mode$suffix" "$bin_dir/$family$suffix" || return 1
+        done
+    done
+}
+
 mode=${IPVSPROXY_IPTABLES_MODE:-}
 case "$mode" in
-    "")
-        mode=$(detect_mode)
-        why="detected from the host's rules"
-        ;;
-    legacy | nft)
-        why="set by IPVSPROXY_IPTABLES_MODE"
-        ;;
+    "" | legacy | nft) ;;
     *)
         log "IPVSPROXY_IPTABLES_MODE must be legacy or nft, not '$mode'"
         exit 1
         ;;
 esac
-for cmd in iptables ip6tables; do
-    if ! update-alternatives --set "$cmd" "/usr/sbin/$cmd-$mode" >/dev/null; then
-        log "cannot switch $cmd to /usr/sbin/$cmd-$mode (is the root filesystem read-only?)"
+if [ "$(id -u)" -ne 0 ]; then
+    log "not root: no iptables backend chosen (commands that program the kernel need root)"
+else
+    if [ -z "$mode" ]; then
+        mode=$(detect_mode)
+        why="detected from the host's rules"
+    else
+        why="set by IPVSPROXY_IPTABLES_MODE"
+    fi
+    if ! link_backend; then
+        log "cannot link the $mode backend's iptables commands in $bin_dir (is $run_dir writable?)"
         exit 1
     fi
-done
-log "iptables backend: $mode ($why)"
+    case ":$PATH:" in
+        *":$bin_dir:"*) ;;
+        *) PATH="$bin_dir:$PATH" ;;
+    esac
+    export PATH
+    log "iptables backend: $mode ($why)"
+fi
 
 if [ "$#" -eq 0 ]; then
     set -- ipvsproxy run

@@ -3,10 +3,11 @@
 # second `make test` does no apt work at all. The Vagrant lab's checks
 # (tests/harness/test_vagrant.py) need shellcheck, ruby, openssl, and vagrant with the
 # vagrant-libvirt plugin and rsync for `vagrant validate`, which boots nothing and downloads
-# no box (no hypervisor is installed: recommendations are left out).
+# no box (no hypervisor is installed: recommendations are left out). The image's build test
+# (tests/harness/test_image_build.py) needs buildah and debootstrap.
 set -eu
 PKGS="user-mode-linux ipvsadm ipset iptables conntrack kmod iproute2 shellcheck ruby"
-PKGS="$PKGS openssl rsync vagrant vagrant-libvirt"
+PKGS="$PKGS openssl rsync vagrant vagrant-libvirt buildah debootstrap"
 missing=""
 for p in $PKGS; do
     status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)

@@ -27,6 +27,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -48,6 +49,8 @@ KUBECTL = Path(sys.executable).parent / "kubectl"
 
 MACHINES = {"cp": "192.168.56.10", "worker1": "192.168.56.11", "worker2": "192.168.56.12"}
 ROLES = {"cp": "control-plane", "worker1": "worker", "worker2": "worker"}
+# The image deploy/ names: ipvsproxy tagged with the package's version.
+IMAGE = f"ipvsproxy:{tomllib.loads((REPO / 'pyproject.toml').read_text())['project']['version']}"
 IPVS_MODULES = {"ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "nf_conntrack", "br_netfilter"}
 
 
@@ -394,6 +397,14 @@ def test_vagrantfile_passes_every_setting_the_scripts_require() -> None:
         assert missing_settings(env, ROLES[name]) == set(), name
 
 
+def test_the_lab_builds_and_runs_the_image_deploy_names() -> None:
+    """The image the control plane builds and imports is the one deploy/'s DaemonSet runs (its
+    tag is the package's version), and overlay.py looks for that one by default."""
+    for machine in machines(vagrant_record(VAGRANTFILE)).values():
+        assert machine["provisioners"][0]["env"]["IMAGE"] == IMAGE
+    assert f'p.add_argument("--image", default="{IMAGE}")' in OVERLAY.read_text()
+
+
 def test_settings_check_reports_a_missing_one() -> None:
     env = machines(vagrant_record(VAGRANTFILE))["cp"]["provisioners"][0]["env"]
     del env["POD_CIDR"]
@@ -590,7 +601,7 @@ def test_overlay_over_deploy_sets_cluster_cidr_and_api_server(tmp_path: Path) ->
     assert proxy_config(docs)["clusterCIDR"] == "10.32.0.0/16"
     mod = overlay_module()
     (ds,) = [d for d in by_kind(docs, "DaemonSet") if d["metadata"]["name"] in proc.stdout]
-    container = mod.find_proxy(docs, "ipvsproxy:dev")[1]
+    container = mod.find_proxy(docs, IMAGE)[1]
     assert mod.env_value(docs, container, "KUBERNETES_SERVICE_HOST") == "192.168.56.10"
     assert mod.env_value(docs, container, "KUBERNETES_SERVICE_PORT") == "6443"
     # Everything else in deploy/ is as it was: the overlay only adds the values. The generated
@@ -605,7 +616,7 @@ def test_overlay_over_deploy_sets_cluster_cidr_and_api_server(tmp_path: Path) ->
         by_kind(docs, "ConfigMap")[0]["metadata"]["name"]
         != by_kind(base, "ConfigMap")[0]["metadata"]["name"]
     )
-    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == "ipvsproxy:dev"
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == IMAGE
 
 
 def test_privileged_overlay_replaces_the_security_context(tmp_path: Path) -> None:
@@ -626,7 +637,7 @@ def test_privileged_overlay_replaces_the_security_context(tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stderr
     docs = kustomize(out)
     mod = overlay_module()
-    container = mod.find_proxy(docs, "ipvsproxy:dev")[1]
+    container = mod.find_proxy(docs, IMAGE)[1]
     assert container["securityContext"] == {"privileged": True}
     assert mod.env_value(docs, container, "KUBERNETES_SERVICE_HOST") == "192.168.56.10"
 
@@ -672,6 +683,7 @@ def test_overlay_reaches_generated_configmaps_and_literal_env(tmp_path: Path) ->
         "ipvsproxy",
         *("--base", str(base), "--out", str(out), "--cluster-cidr", "10.244.0.0/16"),
         *("--api-server", "192.168.56.10:6443", "--privileged"),
+        *("--image", "ipvsproxy:dev"),  # SAMPLE_DAEMONSET's, not deploy/'s
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
@@ -721,14 +733,14 @@ def test_overlay_verification_catches_a_patch_that_did_nothing() -> None:
     mod = overlay_module()
     base = kustomize(REPO / "deploy")
     with pytest.raises(mod.OverlayError, match="clusterCIDR"):
-        mod.verify_ipvsproxy(base, "10.32.0.0/16", "192.168.56.10:6443", "ipvsproxy:dev")
+        mod.verify_ipvsproxy(base, "10.32.0.0/16", "192.168.56.10:6443", IMAGE)
     patched_cidr = [dict(d) for d in base]
     for cm in by_kind(patched_cidr, "ConfigMap"):
         for key, value in cm.get("data", {}).items():
             if "KubeProxyConfiguration" in value:
                 cm["data"] = {**cm["data"], key: value.replace("10.244.0.0/16", "10.32.0.0/16")}
     with pytest.raises(mod.OverlayError, match="KUBERNETES_SERVICE_HOST"):
-        mod.verify_ipvsproxy(patched_cidr, "10.32.0.0/16", "192.168.56.10:6443", "ipvsproxy:dev")
+        mod.verify_ipvsproxy(patched_cidr, "10.32.0.0/16", "192.168.56.10:6443", IMAGE)
 
 
 FLANNEL_LIKE = """\

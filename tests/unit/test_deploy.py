@@ -1,19 +1,25 @@
 """deploy/: what puts ipvsproxy on a real cluster in place of kube-proxy.
 
-No cluster and no image build can run here, so these tests check everything that can be
-checked without one, and each check is shown to fail on a deliberately bad copy:
+No cluster runs here, so these tests check everything that can be checked without one, and
+each check is shown to fail on a deliberately bad copy (the image is built, and the lock
+installed, by tests/harness/test_image_build.py and test_image_lock.py):
 
 - every manifest, and ``kubectl kustomize deploy/``'s output, against the Kubernetes OpenAPI
   schemas of the newest release ``kubernetes-validate`` knows, strictly (unknown fields fail);
 - the ClusterRole grants exactly the API calls the daemon makes, and nothing else;
-- the DaemonSet's properties one by one (the kube-proxy model, capabilities instead of
-  privileged, the mounts, the probes, the command);
+- the DaemonSet's properties one by one (the kube-proxy model, the mounts, the probes, the
+  command) and issue 18's: capabilities instead of privileged, root by uid only, seccomp
+  RuntimeDefault, a read-only root filesystem, SELinux type spc_t, memory requested as limited
+  and sized from the benchmark's peak, the image tagged with the package's version;
 - the ConfigMap's KubeProxyConfiguration loads through ``ipvsproxy.config`` exactly as the
   DaemonSet passes it (the ``--config`` path resolved through the volume mount), with no
   warning;
-- the entrypoint passes shellcheck and picks the iptables backend as upstream's images do
-  (run with stub iptables-*-save commands), and prepare_sysctls.py writes what ipvsproxy needs;
-- the Containerfile installs the tools and puts the entrypoint where the DaemonSet runs it.
+- the entrypoint passes shellcheck, picks the iptables backend as upstream's images do (run
+  with stub iptables-*-save commands) and writes nothing but its links in the run directory,
+  and prepare_sysctls.py writes what ipvsproxy needs;
+- the Containerfile: base pinned by digest, dependencies from the hashed lock, the tools, no
+  bytecode written at run time, a non-root default user, the entrypoint where the DaemonSet
+  runs it; the lock pins every runtime dependency with hashes.
 """
 
 from __future__ import annotations
@@ -27,12 +33,16 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
+import ipvsproxy
 from deploy import prepare_sysctls
 from ipvsproxy import config
 
@@ -239,7 +249,7 @@ def test_a_change_of_the_configuration_rolls_the_daemonset(tmp_path: Path) -> No
 
 
 def test_kustomize_images_override_the_default_image(tmp_path: Path) -> None:
-    """`images:` in an overlay (or `kustomize edit set image`) replaces ipvsproxy:dev."""
+    """`images:` in an overlay (or `kustomize edit set image`) replaces the default image."""
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(
@@ -384,19 +394,211 @@ def test_daemonset_rolls_one_node_at_a_time() -> None:
     assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
 
 
-def test_daemonset_uses_capabilities_not_privileged() -> None:
-    security = container()["securityContext"]
-    assert security.get("privileged") is not True
-    assert security["allowPrivilegeEscalation"] is False
-    assert security["capabilities"]["drop"] == ["ALL"]
+def check_security(pod: Mapping[str, Any]) -> None:
+    """The container's security context, as issue 18 asks, field by field: not privileged,
+    capabilities instead (NET_ADMIN and NET_RAW, nothing else), root by uid but nothing more
+    (deploy/README.md, "Privileges"), the runtime's default seccomp profile, a read-only root
+    filesystem, SELinux type spc_t. A pod-level field counts where the container sets none."""
+    (c,) = pod["containers"]
+    own, shared = c.get("securityContext") or {}, pod.get("securityContext") or {}
+
+    def field(name: str) -> Any:
+        return own.get(name, shared.get(name))
+
+    wanted: dict[str, Any] = {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        # The image's default user is not root; the daemon needs root (no ambient
+        # capabilities in Kubernetes), so the pod says so, explicitly.
+        "runAsUser": 0,
+        "runAsNonRoot": False,
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "seLinuxOptions": {"type": "spc_t"},
+    }
+    for name, value in wanted.items():
+        if field(name) != value:
+            raise ManifestError(f"securityContext.{name} is {field(name)!r}, not {value!r}")
+    caps = own.get("capabilities") or {}
+    if caps.get("drop") != ["ALL"]:
+        raise ManifestError(f"securityContext.capabilities.drop is {caps.get('drop')!r}")
     # NET_ADMIN for every netlink write and iptables, NET_RAW for iptables-legacy's raw socket;
     # no SYS_MODULE (the kernel auto-loads modules) and nothing else.
-    assert set(security["capabilities"]["add"]) == {"NET_ADMIN", "NET_RAW"}
+    if set(caps.get("add") or ()) != {"NET_ADMIN", "NET_RAW"}:
+        raise ManifestError(f"securityContext.capabilities.add is {caps.get('add')!r}")
 
 
-def test_daemonset_image_defaults_to_ipvsproxy_dev() -> None:
-    assert container()["image"] == "ipvsproxy:dev"
+def test_daemonset_security_context() -> None:
+    check_security(pod_spec())
+    # Who it runs as is the pod's: deploy/README.md's privileged overlay, which replaces the
+    # container's securityContext with {privileged: true}, still runs as root, as spc_t.
+    assert pod_spec()["securityContext"] == {
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "runAsNonRoot": False,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "seLinuxOptions": {"type": "spc_t"},
+    }
+
+
+def _security(**fields: Any) -> Callable[[dict[str, Any]], None]:
+    """Sets each field in the container's securityContext (None: removes it from both)."""
+
+    def spoil(pod: dict[str, Any]) -> None:
+        security = pod["containers"][0]["securityContext"]
+        for name, value in fields.items():
+            if value is None:
+                security.pop(name, None)
+                pod["securityContext"].pop(name, None)
+            else:
+                security[name] = value
+
+    return spoil
+
+
+def _pod_level_unconfined(pod: dict[str, Any]) -> None:
+    pod["securityContext"]["seccompProfile"] = {"type": "Unconfined"}
+
+
+@pytest.mark.parametrize(
+    ("spoil", "message"),
+    [
+        (_security(privileged=True), "privileged"),
+        (_security(allowPrivilegeEscalation=None), "allowPrivilegeEscalation"),
+        (_security(runAsUser=None), "runAsUser"),  # the image's user 65532 would run it
+        (_security(runAsNonRoot=True), "runAsNonRoot"),
+        (_security(readOnlyRootFilesystem=False), "readOnlyRootFilesystem"),
+        (_security(seccompProfile=None), "seccompProfile"),
+        (_pod_level_unconfined, "seccompProfile"),
+        (_security(seLinuxOptions={"type": "container_t"}), "seLinuxOptions"),
+        (_security(capabilities={"drop": ["ALL"], "add": ["NET_ADMIN", "SYS_ADMIN"]}), "add"),
+        (_security(capabilities={"add": ["NET_ADMIN", "NET_RAW"]}), "drop"),
+    ],
+    ids=[
+        "privileged", "escalation", "no-uid", "non-root", "writable-root", "no-seccomp",
+        "unconfined-pod", "container_t", "sys-admin", "no-drop",
+    ],
+)  # fmt: skip
+def test_security_check_catches_a_bad_copy(
+    spoil: Callable[[dict[str, Any]], None], message: str
+) -> None:
+    pod = copy.deepcopy(pod_spec())
+    spoil(pod)
+    with pytest.raises(ManifestError, match=message):
+        check_security(pod)
+
+
+def package_version() -> str:
+    """pyproject.toml's [project] version: what the image is tagged with."""
+    version: str = pyproject()["project"]["version"]
+    return version
+
+
+# An OCI tag (distribution's reference grammar): 128 characters at most, no leading . or -.
+TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
+def check_image_tag(image: str, version: str) -> None:
+    """``image`` is ipvsproxy tagged with ``version``: no floating tag (dev, latest), no
+    missing one."""
+    name, sep, tag = image.rpartition(":")
+    if not sep or "/" in tag:
+        raise ManifestError(f"{image}: no tag")
+    if not TAG.fullmatch(tag):
+        raise ManifestError(f"{image}: {tag!r} is not a valid tag")
+    if tag in ("dev", "latest") or tag != version:
+        raise ManifestError(f"{image}: the tag must be the package's version {version}")
+    if name.rsplit("/", 1)[-1] != "ipvsproxy":
+        raise ManifestError(f"{image}: not the ipvsproxy image")
+
+
+def test_daemonset_image_is_tagged_with_the_package_version() -> None:
+    version = package_version()
+    assert version == ipvsproxy.__version__  # the installed package is this checkout's
+    check_image_tag(container()["image"], version)
+    # kustomization.yaml's images: says the same (it is what `kubectl apply -k` sends).
+    (entry,) = load_docs(DEPLOY / "kustomization.yaml")[0]["images"]
+    assert entry == {"name": "ipvsproxy", "newName": "ipvsproxy", "newTag": version}
+    assert (
+        yaml.safe_load((DEPLOY / "daemonset.yaml").read_text())["spec"]["template"]["spec"][
+            "containers"
+        ][0]["image"]
+        == f"ipvsproxy:{version}"
+    )
     assert container()["imagePullPolicy"] == "IfNotPresent"  # an image loaded onto the nodes
+
+
+@pytest.mark.parametrize(
+    "image", ["ipvsproxy:dev", "ipvsproxy:latest", "ipvsproxy", "ipvsproxy:0.0.9", "other:{v}"]
+)
+def test_image_tag_check_catches_a_bad_copy(image: str) -> None:
+    with pytest.raises(ManifestError):
+        check_image_tag(image.format(v=package_version()), package_version())
+
+
+# The daemon's peak RSS (VmHWM) at 10,000 Services x 10 endpoints, the largest size measured:
+# README.md, "Performance" ("On the host"): "10,000 x 10: 184 MiB, then 184 MiB"; 118 MiB at
+# 5,000 x 10. The memory limit must exceed it by HEADROOM at least: a restarted process peaked
+# 14% above a cold one in the comparison run (155 against 136 MiB).
+PEAK_RSS_MIB = 184
+HEADROOM = 1.3
+QUANTITY = re.compile(r"([0-9]+)(Ki|Mi|Gi|k|M|G)?")
+UNITS = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 10**3, "M": 10**6, "G": 10**9}
+
+
+def mib(quantity: str) -> float:
+    """A Kubernetes memory quantity (integers with the usual suffixes) in MiB."""
+    found = QUANTITY.fullmatch(str(quantity))
+    if not found:
+        raise ManifestError(f"cannot read the memory quantity {quantity!r}")
+    return int(found.group(1)) * UNITS[found.group(2)] / 2**20
+
+
+def check_resources(c: Mapping[str, Any]) -> None:
+    """Memory requested as limited (the scheduler reserves what the kernel enforces), the limit
+    at least HEADROOM x the benchmark's peak; a CPU request and no CPU limit (kube-proxy's
+    choice: throttling a proxy only delays its syncs)."""
+    resources = c.get("resources") or {}
+    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+    if "memory" not in limits:
+        raise ManifestError("no memory limit")
+    if "memory" not in requests or mib(requests["memory"]) != mib(limits["memory"]):
+        raise ManifestError(f"memory request {requests.get('memory')} != limit {limits['memory']}")
+    if mib(limits["memory"]) < PEAK_RSS_MIB * HEADROOM:
+        raise ManifestError(
+            f"memory limit {limits['memory']} < {HEADROOM} x the {PEAK_RSS_MIB} MiB peak"
+        )
+    if "cpu" in limits:
+        raise ManifestError("a cpu limit throttles the syncs")
+    if "cpu" not in requests:
+        raise ManifestError("no cpu request")
+
+
+def test_daemonset_memory_is_sized_from_the_benchmark() -> None:
+    check_resources(container())
+    assert f"{PEAK_RSS_MIB} MiB" in (ROOT / "README.md").read_text()  # the figure still stands
+
+
+def _resources(requests: dict[str, str], limits: dict[str, str]) -> dict[str, Any]:
+    return {"resources": {"requests": requests, "limits": limits}}
+
+
+@pytest.mark.parametrize(
+    ("c", "message"),
+    [
+        (_resources({"cpu": "100m", "memory": "128Mi"}, {"memory": "256Mi"}), "!= limit"),
+        (_resources({"cpu": "100m", "memory": "200Mi"}, {"memory": "200Mi"}), "peak"),
+        (_resources({"cpu": "100m", "memory": "256Mi"}, {}), "no memory limit"),
+        (_resources({"cpu": "100m", "memory": "1Gi"}, {"memory": "1Gi", "cpu": "1"}), "cpu"),
+        (_resources({"memory": "256Mi"}, {"memory": "256Mi"}), "no cpu request"),
+        (_resources({"cpu": "1", "memory": "0.5Gi"}, {"memory": "0.5Gi"}), "cannot read"),
+    ],
+    ids=["request-below-limit", "below-peak", "no-limit", "cpu-limit", "no-cpu", "unreadable"],
+)
+def test_resources_check_catches_a_bad_copy(c: dict[str, Any], message: str) -> None:
+    with pytest.raises(ManifestError, match=message):
+        check_resources(c)
+    assert mib("256Mi") == 256 and mib("1Gi") == 1024 and mib("268435456") == 256
 
 
 def test_daemonset_command_is_ipvsproxy_run_with_the_node_name() -> None:
@@ -584,12 +786,16 @@ def test_shellcheck_catches_a_bad_copy(tmp_path: Path) -> None:
 
 STUB = """#!/bin/sh
 # Records its call; prints $STUBS/NAME[-mangle].out if there is one, else fails like a
-# backend the kernel lacks.
+# backend the kernel lacks. id prints $STUB_UID (0 unless set); mkdir and ln are recorded,
+# then done for real (they are what the entrypoint writes with).
 name=$(basename "$0")
+case "$name" in id) echo "${STUB_UID:-0}"; exit 0 ;; esac
 echo "$name $*" >> "$STUBS/calls.log"
 case "$*" in *mangle*) out="$STUBS/$name-mangle.out" ;; *) out="$STUBS/$name.out" ;; esac
 case "$name" in
-    update-alternatives | ipvsproxy) exit 0 ;;
+    mkdir | ln) exec "/bin/$name" "$@" ;;
+    ipvsproxy) echo "$PATH" > "$STUBS/ipvsproxy.path"; exit 0 ;;
+    update-alternatives) exit 0 ;;
     python3) exit "${PYTHON3_STATUS:-0}" ;;
 esac
 [ -f "$out" ] && exec cat "$out"
@@ -597,9 +803,14 @@ exit 1
 """
 STUB_NAMES = (
     "iptables-legacy-save", "ip6tables-legacy-save", "iptables-nft-save", "ip6tables-nft-save",
-    "update-alternatives", "python3", "ipvsproxy",
+    "update-alternatives", "python3", "ipvsproxy", "id", "mkdir", "ln",
 )  # fmt: skip
 HINT = "*mangle\n:PREROUTING ACCEPT [0:0]\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n"
+# The plain names the entrypoint links, and where it links them.
+IPTABLES_NAMES = tuple(
+    f"{f}{s}" for f in ("iptables", "ip6tables") for s in ("", "-save", "-restore")
+)
+IMAGE_RUN_DIR = "/run/ipvsproxy"
 
 
 def rules(n: int) -> str:
@@ -610,7 +821,8 @@ def run_entrypoint(
     tmp_path: Path, outputs: Mapping[str, str], *args: str, **env: str
 ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """Run the entrypoint with /bin/sh (dash on Debian, as in the image) and stub commands
-    first on PATH; return the process and the stubs' calls in order."""
+    first on PATH, its run directory at tmp_path/run (the emptyDir); return the process and
+    the stubs' calls in order."""
     stubs = tmp_path / "stubs"
     stubs.mkdir(exist_ok=True)
     for name in STUB_NAMES:
@@ -626,21 +838,32 @@ def run_entrypoint(
         text=True,
         timeout=60,
         check=False,
+        cwd=tmp_path,
         env={
             "PATH": f"{stubs}:/usr/bin:/bin",
             "STUBS": str(stubs),
             "IPVSPROXY_HOST_PROC_SYS": str(tmp_path / "no-such-dir"),
+            "IPVSPROXY_RUN_DIR": str(tmp_path / "run"),
             **env,
         },
     )
     return proc, log.read_text().splitlines() if log.exists() else []
 
 
-def alternatives(mode: str) -> list[str]:
+def linked(mode: str, run: Path) -> list[str]:
+    """The entrypoint's only writes for ``mode``: the links in ``run``/bin."""
     return [
-        f"update-alternatives --set iptables /usr/sbin/iptables-{mode}",
-        f"update-alternatives --set ip6tables /usr/sbin/ip6tables-{mode}",
-    ]
+        f"mkdir -p {run}/bin",
+        *(f"ln -sfn /usr/sbin/{name.replace('tables', f'tables-{mode}', 1)} {run}/bin/{name}"
+          for name in IPTABLES_NAMES),
+    ]  # fmt: skip
+
+
+def check_links(run: Path, mode: str) -> None:
+    found = {p.name: os.readlink(p) for p in (run / "bin").iterdir()}
+    assert found == {
+        name: f"/usr/sbin/{name.replace('tables', f'tables-{mode}', 1)}" for name in IPTABLES_NAMES
+    }
 
 
 @pytest.mark.parametrize(
@@ -666,10 +889,112 @@ def test_entrypoint_picks_the_hosts_iptables_backend(
 ) -> None:
     proc, calls = run_entrypoint(tmp_path, outputs, "ipvsproxy", "run", "--v=2")
     assert proc.returncode == 0, proc.stderr
-    switched = [c for c in calls if c.startswith("update-alternatives")]
-    assert switched == alternatives(mode)
+    writes = [c for c in calls if c.startswith(("mkdir", "ln", "update-alternatives"))]
+    assert writes == linked(mode, tmp_path / "run")
+    check_links(tmp_path / "run", mode)
     assert calls[-1] == "ipvsproxy run --v=2"  # exec'd last, arguments intact
     assert f"iptables backend: {mode}" in proc.stderr
+    # ipvsproxy finds the links first on its PATH.
+    path = (tmp_path / "stubs" / "ipvsproxy.path").read_text().strip().split(":")
+    assert path[0] == str(tmp_path / "run" / "bin")
+
+
+def test_entrypoint_writes_nothing_but_its_run_directory(tmp_path: Path) -> None:
+    """The root filesystem can be read-only: the entrypoint's only writing commands are mkdir
+    and ln under the run directory (no update-alternatives, no /etc/alternatives), no shell
+    redirection writes a file, and a second start (a restarted container keeps its emptyDir)
+    replaces the links. A run directory that cannot be written stops it."""
+    text = ENTRYPOINT.read_text()
+    redirections = re.findall(r"[0-9&]?>>?\s*([^\s);]+)", text)
+    assert set(redirections) <= {"&2", "/dev/null"}, redirections
+    for mode in ("legacy", "nft"):
+        proc, calls = run_entrypoint(
+            tmp_path, {}, "ipvsproxy", "cleanup", IPVSPROXY_IPTABLES_MODE=mode
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert calls == [*linked(mode, tmp_path / "run"), "ipvsproxy cleanup"]
+        check_links(tmp_path / "run", mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "stubs"]
+
+    (tmp_path / "file").write_text("")
+    proc, calls = run_entrypoint(
+        tmp_path, {}, "ipvsproxy", "run", IPVSPROXY_RUN_DIR=str(tmp_path / "file" / "run")
+    )
+    assert proc.returncode == 1
+    assert "cannot link the nft backend's iptables commands" in proc.stderr
+    assert not any(c.startswith("ipvsproxy") for c in calls)
+
+
+def test_entrypoint_links_every_iptables_command_ipvsproxy_runs(tmp_path: Path) -> None:
+    """ipvsproxy runs iptables-restore, iptables-save and iptables (and ip6tables') by name,
+    through PATH: each is linked; the image's PATH starts with the run directory's bin, which
+    the DaemonSet mounts as an emptyDir."""
+    from ipvsproxy.kernel.iptables import IPTables
+
+    used = {name for family in (4, 6) for t in [IPTables(family=family)]
+            for name in (t.restore_cmd, t.save_cmd, t.cmd)}  # fmt: skip
+    assert used <= set(IPTABLES_NAMES)
+    assert not any(name.startswith("/") for name in used)
+    path = re.search(r"\bPATH=(\S+)", CONTAINERFILE.read_text())
+    assert path is not None and path.group(1).split(":")[0] == f"{IMAGE_RUN_DIR}/bin"
+    assert f"${{IPVSPROXY_RUN_DIR:-{IMAGE_RUN_DIR}}}" in ENTRYPOINT.read_text()
+    mount, volume = volumes_by_mount()[IMAGE_RUN_DIR]
+    assert not mount.get("readOnly") and volume["emptyDir"]["medium"] == "Memory"
+
+
+def test_daemonset_writes_only_its_mounts() -> None:
+    """With the root filesystem read-only, these are all the container can write: the host's
+    state directory, xtables lock and /proc/sys/net, and two small memory emptyDirs (the
+    entrypoint's links, temporary files)."""
+    assert container()["securityContext"]["readOnlyRootFilesystem"] is True
+    writable = {
+        path for path, (mount, _) in volumes_by_mount().items() if not mount.get("readOnly")
+    }
+    assert writable == {
+        "/var/lib/ipvsproxy", "/run/xtables.lock", "/host/proc/sys/net", IMAGE_RUN_DIR, "/tmp",
+    }  # fmt: skip
+    for path in (IMAGE_RUN_DIR, "/tmp"):
+        volume = volumes_by_mount()[path][1]
+        assert volume["emptyDir"]["medium"] == "Memory" and "sizeLimit" in volume["emptyDir"]
+
+
+def test_the_api_client_writes_inline_kubeconfig_data_to_the_temporary_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Why /tmp is writable: a kubeconfig with certificate-authority-data makes the official
+    client write the certificate to a temporary file."""
+    import base64
+    import tempfile
+
+    from ipvsproxy.daemon.wiring import api_client
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    (tmp_path / "kubeconfig").write_text(
+        yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "k", "cluster": {
+                "server": "https://192.0.2.1:6443", "certificate-authority-data": ca.decode(),
+            }}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+        })
+    )  # fmt: skip
+    cfg = dataclasses.replace(config.ProxyConfig(), kubeconfig=str(tmp_path / "kubeconfig"))
+    api = api_client(cfg)
+    assert Path(api.configuration.ssl_ca_cert).parent == temporary
+
+
+def test_entrypoint_as_non_root_links_nothing_and_runs_the_command(tmp_path: Path) -> None:
+    """The image's default user (not root): `ipvsproxy version` needs no kernel, so no
+    detection and no links; the command still runs."""
+    proc, calls = run_entrypoint(tmp_path, {}, "ipvsproxy", "version", STUB_UID="65532")
+    assert proc.returncode == 0, proc.stderr
+    assert calls == ["ipvsproxy version"]
+    assert "not root" in proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_entrypoint_mode_can_be_forced_and_is_checked(tmp_path: Path) -> None:
@@ -678,11 +1003,11 @@ def test_entrypoint_mode_can_be_forced_and_is_checked(tmp_path: Path) -> None:
         IPVSPROXY_IPTABLES_MODE="legacy",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert calls == [*alternatives("legacy"), "ipvsproxy cleanup"]  # no detection at all
+    assert calls == [*linked("legacy", tmp_path / "run"), "ipvsproxy cleanup"]  # no detection
     proc, calls = run_entrypoint(tmp_path, {}, "ipvsproxy", "run", IPVSPROXY_IPTABLES_MODE="nf")
     assert proc.returncode == 1
     assert "must be legacy or nft" in proc.stderr
-    assert not any(c.startswith(("update-alternatives", "ipvsproxy")) for c in calls)
+    assert not any(c.startswith(("ln", "ipvsproxy")) for c in calls)
 
 
 def test_entrypoint_prepares_sysctls_only_for_run_with_the_host_mount(tmp_path: Path) -> None:
@@ -802,16 +1127,130 @@ def test_prepare_sysctls_leaves_an_invalid_configuration_to_ipvsproxy(
 # -- the Containerfile -------------------------------------------------------------------------
 
 
-def test_containerfile_installs_the_tools_and_the_entrypoint_the_daemonset_runs() -> None:
+# What the runtime stage must install: what ipvsproxy runs (python3, iptables with both
+# backends, ipset) and what an operator needs on the node (ipvsadm, ip, conntrack, modinfo).
+IMAGE_PACKAGES = {"python3", "iptables", "ipset", "ipvsadm", "iproute2", "conntrack", "kmod"}
+# A dated Debian build (bookworm-YYYYMMDD-slim) and the digest of its multi-platform index.
+PINNED_BASE = re.compile(r"docker\.io/library/debian:bookworm-[0-9]{8}-slim@sha256:[0-9a-f]{64}")
+# The node tools that talk to the kernel as soon as they run: `command -v` only, at build time.
+KERNEL_TOOL = re.compile(r"\b(ipset|ipvsadm|conntrack) +-\S*")
+# The image's interpreter: bookworm's python3. The lock is resolved for it.
+IMAGE_PYTHON = "3.11"
+LOCK = DEPLOY / "requirements.lock"
+BUILD_LOCK = DEPLOY / "build-requirements.lock"
+
+
+def logical_lines(text: str) -> list[str]:
+    """The Containerfile's instructions, continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n", " ", "\n".join(
+        line for line in text.splitlines() if not line.lstrip().startswith("#")
+    ))  # fmt: skip
+    return [" ".join(line.split()) for line in joined.splitlines() if line.strip()]
+
+
+def check_containerfile(text: str) -> None:
+    """The image as issue 18 asks: base pinned to a digest, dependencies from the hashed lock
+    and nothing else, the tools inside, bytecode compiled at build time and never written at
+    run time, a non-root default user, the entrypoint where the DaemonSet runs it."""
+    lines = logical_lines(text)
+    base = [line.split("=", 1)[1] for line in lines if line.startswith("ARG BASE=")]
+    if len(base) != 1 or not PINNED_BASE.fullmatch(base[0]):
+        raise ManifestError(f"the base image is not pinned to a dated tag and digest: {base}")
+    froms = [line for line in lines if line.startswith("FROM ")]
+    if froms != ["FROM ${BASE} AS build", "FROM ${BASE}"]:
+        raise ManifestError(f"every stage must be FROM the pinned base: {froms}")
+    split = lines.index("FROM ${BASE}")
+    build, runtime = " ".join(lines[:split]), lines[split:]
+    for needed in (
+        "pip install --no-cache-dir --require-hashes --no-deps -r /src/deploy/requirements.lock",
+        "pip install --no-cache-dir --require-hashes --no-deps "
+        "-r /src/deploy/build-requirements.lock",
+        "--no-build-isolation",  # the locked setuptools builds the wheel, not a fetched one
+        "/opt/ipvsproxy/bin/pip install --no-cache-dir --no-deps /tmp/wheels/ipvsproxy-",
+        "/opt/ipvsproxy/bin/pip check",
+        "-m compileall",
+    ):
+        if needed not in build:
+            raise ManifestError(f"the build stage does not run {needed!r}")
+    installs = [
+        line.split("--no-install-recommends", 1)[1].split("&&", 1)[0].split()
+        for line in runtime if "apt-get install" in line
+    ]  # fmt: skip
+    missing = IMAGE_PACKAGES - {pkg for found in installs for pkg in found}
+    if missing:
+        raise ManifestError(f"the runtime stage does not install {sorted(missing)}")
+    env = " ".join(line for line in runtime if line.startswith("ENV "))
+    if "PYTHONDONTWRITEBYTECODE=1" not in env.split():
+        raise ManifestError("PYTHONDONTWRITEBYTECODE=1 is not set")
+    # A builder gives no kernel access: ipset, ipvsadm and conntrack ask the kernel before they
+    # print anything, even --version (ipset: "Kernel error received: Operation not permitted").
+    for line in runtime:
+        if line.startswith("RUN ") and (used := KERNEL_TOOL.search(line)) is not None:
+            raise ManifestError(f"the build runs {used.group(0)!r}, which needs the kernel")
+    # ...so they are looked for one by one: dash's `command -v A B` checks A alone.
+    for line in runtime:
+        if (several := re.search(r"command -v (\S+ +[^-&|;>\s]\S*)", line)) is not None:
+            raise ManifestError(f"`command -v {several.group(1)}` checks its first name only")
+    looked_for = re.search(r'for tool in ([^;]+); do command -v "\$tool" >/dev/null \|\| exit 1',
+                           " ".join(runtime))  # fmt: skip
+    if looked_for is None or not set(looked_for.group(1).split()) >= {
+        "ipset",
+        "ipvsadm",
+        "conntrack",
+    }:
+        raise ManifestError("the build does not look for ipset, ipvsadm and conntrack")
+    users = [line.split()[1] for line in runtime if line.startswith("USER ")]
+    uid = users[-1].split(":")[0] if users else "0"
+    if not uid.isdigit() or int(uid) == 0:
+        raise ManifestError(f"the image's default user must be a non-root uid, not {uid}")
+
+
+def test_containerfile_builds_the_image_issue_18_asks_for() -> None:
+    check_containerfile(CONTAINERFILE.read_text())
+
+
+def _swap(old: str, new: str) -> Callable[[str], str]:
+    def spoil(text: str) -> str:
+        assert old in text, old
+        return text.replace(old, new)
+
+    return spoil
+
+
+@pytest.mark.parametrize(
+    ("spoil", "message"),
+    [
+        (_swap("-slim@sha256:", "-slim@sha256:x"), "not pinned"),
+        (lambda t: re.sub(r"(ARG BASE=\S+)@sha256:\S+", r"\1", t), "not pinned"),
+        (lambda t: re.sub(r"bookworm-[0-9]{8}-slim", "bookworm-slim", t), "not pinned"),
+        (_swap("FROM ${BASE} AS build", "FROM docker.io/library/debian:bookworm AS build"),
+         "FROM the pinned base"),
+        (_swap(" --require-hashes --no-deps \\\n        -r /src/deploy/requirements.lock",
+               " -r /src/deploy/requirements.lock"), "requirements.lock"),
+        (_swap("--no-build-isolation", ""), "no-build-isolation"),
+        (_swap(" ipvsadm iproute2", ""), r"\['iproute2', 'ipvsadm'\]"),
+        (_swap("PYTHONDONTWRITEBYTECODE=1", "PYTHONDONTWRITEBYTECODE="), "BYTECODE"),
+        (_swap("USER 65532:65532", "USER 0"), "non-root"),
+        (_swap("USER 65532:65532\n", ""), "non-root"),
+        (_swap("python -m compileall", "python -m site"), "compileall"),
+        (_swap("ip -V \\\n", "ip -V && ipvsadm --version \\\n"), "'ipvsadm --version'"),
+        (_swap("ip -V \\\n", "ip -V && command -v ipset ipvsadm \\\n"), "first name only"),
+        (_swap("for tool in ipset ipvsadm", "for tool in ipvsadm"), "look for ipset"),
+    ],
+    ids=[
+        "bad-digest", "no-digest", "undated", "other-base", "no-hashes", "build-isolation",
+        "no-ipvsadm-ip", "bytecode", "root-user", "no-user", "no-compileall", "kernel-tool",
+        "command-v-several", "not-looked-for",
+    ],
+)  # fmt: skip
+def test_containerfile_check_catches_a_bad_copy(spoil: Callable[[str], str], message: str) -> None:
+    with pytest.raises(ManifestError, match=message):
+        check_containerfile(spoil(CONTAINERFILE.read_text()))
+
+
+def test_containerfile_puts_the_entrypoint_where_the_daemonset_runs_it() -> None:
     text = CONTAINERFILE.read_text()
-    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
-    assert len(stages) == 2 and all("debian:" in s.splitlines()[0] for s in stages)
-    runtime = stages[-1]
-    installed = set(
-        re.findall(r"apt-get install -y --no-install-recommends ([^\\\n]+)", runtime)[0].split()
-    )
-    assert {"python3", "iptables", "ipset", "conntrack", "kmod"} <= installed
-    assert "pip install --no-cache-dir /src" in stages[0]  # the repository's package
+    runtime = re.split(r"^FROM ", text, flags=re.M)[-1]
     copies = dict(re.findall(r"^COPY (deploy/\S+) (\S+)$", runtime, flags=re.M))
     entrypoint = container()["command"][0]
     assert copies["deploy/entrypoint.sh"] == entrypoint
@@ -829,6 +1268,101 @@ def test_containerfile_installs_the_tools_and_the_entrypoint_the_daemonset_runs(
         for src in line.split()[:-1]
     }
     assert sources <= kept, sources - kept
+
+
+# -- the lock ----------------------------------------------------------------------------------
+
+REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)\s*\\?$")
+HASH = re.compile(r"^\s+--hash=sha256:([0-9a-f]{64})\s*\\?$")
+
+
+def parse_lock(text: str) -> dict[str, tuple[str, list[str]]]:
+    """A pip-compile --generate-hashes lock: normalized name -> (version, sha256 hashes). Any
+    other kind of line (a range, a URL, an option such as --index-url or -e) is refused."""
+    pins: dict[str, tuple[str, list[str]]] = {}
+    current: str | None = None
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if (found := REQUIREMENT.match(line)) is not None:
+            current = canonicalize_name(found.group(1))
+            if current in pins:
+                raise ManifestError(f"line {n}: {current} pinned twice")
+            pins[current] = (found.group(2), [])
+        elif (digest := HASH.match(line)) is not None and current is not None:
+            pins[current][1].append(digest.group(1))
+        else:
+            raise ManifestError(f"line {n}: not an exact pin with hashes: {stripped!r}")
+    for name, (_, hashes) in pins.items():
+        if not hashes:
+            raise ManifestError(f"{name} has no hash")
+    return pins
+
+
+def check_lock(text: str, requirements: list[str]) -> None:
+    """Every requirement is pinned with ``==`` and hashes, to a version its specifier allows;
+    the lock was resolved for the image's Python."""
+    if f"autogenerated by pip-compile with Python {IMAGE_PYTHON}\n" not in text:
+        raise ManifestError(f"the lock was not resolved for Python {IMAGE_PYTHON}")
+    pins = parse_lock(text)
+    for requirement in map(Requirement, requirements):
+        name = canonicalize_name(requirement.name)
+        if name not in pins:
+            raise ManifestError(f"{requirement} is not in the lock")
+        if not requirement.specifier.contains(pins[name][0], prereleases=True):
+            raise ManifestError(f"{name}=={pins[name][0]} does not satisfy {requirement}")
+
+
+def pyproject() -> dict[str, Any]:
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        return tomllib.load(f)
+
+
+def test_the_lock_pins_every_runtime_dependency() -> None:
+    check_lock(LOCK.read_text(), pyproject()["project"]["dependencies"])
+    # Nothing of the development tools: the lock is the image's, not the developer's.
+    dev = {canonicalize_name(Requirement(r).name) for r in pyproject()["dependency-groups"]["dev"]}
+    assert not dev & set(parse_lock(LOCK.read_text()))
+    # And the wheel is built with exactly the locked build requirements.
+    check_lock(BUILD_LOCK.read_text(), pyproject()["build-system"]["requires"])
+    assert set(parse_lock(BUILD_LOCK.read_text())) >= {"setuptools", "wheel"}
+
+
+def _unpin(text: str) -> str:
+    return re.sub(r"^pyyaml==\S+", "pyyaml>=6.0", text, flags=re.M)
+
+
+def _drop(name: str) -> Callable[[str], str]:
+    def spoil(text: str) -> str:
+        return re.sub(rf"^{name}==[^\n]*\n(\s+--hash[^\n]*\n)*", "", text, flags=re.M)
+
+    return spoil
+
+
+def _old_kubernetes(text: str) -> str:
+    return re.sub(r"^kubernetes==\S+", "kubernetes==36.0.3", text, flags=re.M)
+
+
+def _no_hashes(text: str) -> str:
+    return re.sub(r"(^urllib3==\S+) \\\n(\s+--hash[^\n]*\n)+", r"\1\n", text, flags=re.M)
+
+
+@pytest.mark.parametrize(
+    ("spoil", "message"),
+    [
+        (_unpin, "not an exact pin"),
+        (_drop("pyyaml"), "PyYAML>=6.0 is not in the lock"),
+        (_old_kubernetes, "kubernetes==36.0.3 does not satisfy"),
+        (_no_hashes, "urllib3 has no hash"),
+        (lambda t: "--index-url https://example.org/simple\n" + t, "not an exact pin"),
+        (lambda t: t.replace("Python 3.11", "Python 3.13"), "Python 3.11"),
+    ],
+    ids=["range", "missing", "unsatisfied", "no-hashes", "index-url", "other-python"],
+)
+def test_lock_check_catches_a_bad_copy(spoil: Callable[[str], str], message: str) -> None:
+    with pytest.raises(ManifestError, match=message):
+        check_lock(spoil(LOCK.read_text()), pyproject()["project"]["dependencies"])
 
 
 # -- kubeadm's kube-proxy ConfigMap, reused as it is -------------------------------------------

@@ -545,7 +545,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--cluster-cidr", required=True)
     p.add_argument("--api-server", required=True)
-    p.add_argument("--image", default="ipvsproxy:dev")
+    p.add_argument("--image", default="ipvsproxy:0.1.0.dev0")
     p.add_argument("--privileged", action="store_true")
     p.add_argument("--kubectl", default="kubectl")
     f = sub.add_parser("flannel", help="overlay over flannel's kube-flannel.yml")
