@@ -402,7 +402,8 @@ def test_the_lab_builds_and_runs_the_image_deploy_names() -> None:
     tag is the package's version), and overlay.py looks for that one by default."""
     for machine in machines(vagrant_record(VAGRANTFILE)).values():
         assert machine["provisioners"][0]["env"]["IMAGE"] == IMAGE
-    assert f'p.add_argument("--image", default="{IMAGE}")' in OVERLAY.read_text()
+    assert f'\nIMAGE = "{IMAGE}"\n' in OVERLAY.read_text()
+    assert OVERLAY.read_text().count("default=IMAGE") == 2  # the ipvsproxy and target commands
 
 
 def test_settings_check_reports_a_missing_one() -> None:

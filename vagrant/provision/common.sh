@@ -251,7 +251,7 @@ prepare_node() {
     install -d -m 0755 "$STATE_DIR"
 }
 
-# The name the container runtime gives IMAGE (ipvsproxy:dev is docker.io/library/ipvsproxy:dev).
+# The name the container runtime gives IMAGE (ipvsproxy:TAG is docker.io/library/ipvsproxy:TAG).
 runtime_image_ref() {
     local ref=$1 first=${1%%/*}
     if [[ $ref != */* ]]; then

@@ -537,6 +537,10 @@ def pod_subnet(cluster_configuration: str) -> str:
 # --- command line ---------------------------------------------------------------------------
 
 
+# deploy/'s image, tagged with the package version (the Vagrantfile passes the same IMAGE).
+IMAGE = "ipvsproxy:0.1.0.dev0"
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -545,7 +549,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--cluster-cidr", required=True)
     p.add_argument("--api-server", required=True)
-    p.add_argument("--image", default="ipvsproxy:0.1.0.dev0")
+    p.add_argument("--image", default=IMAGE)
     p.add_argument("--privileged", action="store_true")
     p.add_argument("--kubectl", default="kubectl")
     f = sub.add_parser("flannel", help="overlay over flannel's kube-flannel.yml")
@@ -558,7 +562,7 @@ def main(argv: Sequence[str]) -> int:
     sub.add_parser("pod-subnet", help="print networking.podSubnet of a ClusterConfiguration")
     t = sub.add_parser("target", help="print where ipvsproxy's container is in a base")
     t.add_argument("--base", type=Path, required=True)
-    t.add_argument("--image", default="ipvsproxy:dev")
+    t.add_argument("--image", default=IMAGE)
     t.add_argument("--kubectl", default="kubectl")
     args = parser.parse_args(argv)
     try:
