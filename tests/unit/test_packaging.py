@@ -91,9 +91,14 @@ def test_development_tools_are_not_published() -> None:
 def test_license_file_and_classifiers() -> None:
     text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0, January 2004" in text
-    assert PROJECT["license"] == {"text": "Apache-2.0"}
+    # PEP 639: an SPDX expression and the file; setuptools deprecates the table form and
+    # license classifiers (BuildBackendWarning: unsupported from 2027-02-18)
+    assert PROJECT["license"] == "Apache-2.0"
+    assert PROJECT["license-files"] == ["LICENSE"]
+    build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert "setuptools>=77" in build  # the first with PEP 639's fields
     classifiers = set(PROJECT["classifiers"])
-    assert "License :: OSI Approved :: Apache Software License" in classifiers
+    assert not any(c.startswith("License ::") for c in classifiers)
     assert "Operating System :: POSIX :: Linux" in classifiers
     assert PROJECT["requires-python"] == ">=3.11"
     assert "Programming Language :: Python :: 3.11" in classifiers
