@@ -25,6 +25,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -288,8 +289,11 @@ def test_machine_check_reports_a_fourth_machine_and_a_wrong_address(tmp_path: Pa
         anchor,
         anchor.replace("worker2", "worker3").replace(".12", ".13") + anchor.replace(".12", ".21"),
     )
-    (tmp_path / "Vagrantfile").write_text(broken)
-    problems = machine_problems(machines(vagrant_record(tmp_path / "Vagrantfile")))
+    copy = tmp_path / "vagrant" / "Vagrantfile"
+    copy.parent.mkdir()
+    copy.write_text(broken)
+    shutil.copy(REPO / "pyproject.toml", tmp_path)  # where the Vagrantfile reads the version
+    problems = machine_problems(machines(vagrant_record(copy)))
     assert any("worker3" in p for p in problems), problems
     assert any("192.168.56.21" in p for p in problems), problems
 
@@ -402,7 +406,7 @@ def test_the_lab_builds_and_runs_the_image_deploy_names() -> None:
     tag is the package's version), and overlay.py looks for that one by default."""
     for machine in machines(vagrant_record(VAGRANTFILE)).values():
         assert machine["provisioners"][0]["env"]["IMAGE"] == IMAGE
-    assert f'\nIMAGE = "{IMAGE}"\n' in OVERLAY.read_text()
+    assert overlay_module().IMAGE == IMAGE
     assert OVERLAY.read_text().count("default=IMAGE") == 2  # the ipvsproxy and target commands
 
 
@@ -1068,6 +1072,7 @@ def broken_vagrantfile(tmp: Path, old: str, new: str) -> Path:
     path = tmp / "vagrant" / "Vagrantfile"
     path.parent.mkdir(parents=True)
     path.write_text(text.replace(old, new))
+    shutil.copy(REPO / "pyproject.toml", tmp)  # where the Vagrantfile reads the version
     return path
 
 

@@ -31,6 +31,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -537,8 +538,13 @@ def pod_subnet(cluster_configuration: str) -> str:
 # --- command line ---------------------------------------------------------------------------
 
 
-# deploy/'s image, tagged with the package version (the Vagrantfile passes the same IMAGE).
-IMAGE = "ipvsproxy:0.1.0.dev0"
+# deploy/'s image, tagged with the package's version (the Vagrantfile passes the same IMAGE).
+IMAGE = (
+    "ipvsproxy:"
+    + tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())[
+        "project"
+    ]["version"]
+)
 
 
 def main(argv: Sequence[str]) -> int:
