@@ -293,22 +293,23 @@ def _create(cluster: Cluster, underlay: bool = True) -> None:
             root.append(f"netns add {pod.netns}")
     _batch(None, root)
     for ns, ip, ip6, _ in hosts:
-        cmds = ["link set lo up"]
-        if ip:
-            cmds.append(f"address add {ip}/{prefix} dev eth0")
-        if ip6:
-            cmds.append(f"address add {ip6}/{prefix6} dev eth0 nodad")
-        _batch(ns, [*cmds, "link set eth0 up"])
+        _batch(ns, ["link set lo up", *_address_commands("eth0", ip, ip6, prefix, prefix6),
+                    "link set eth0 up"])  # fmt: skip
     for node in cluster.nodes:
         _create_node(cluster, node)
 
 
+def _address_commands(
+    dev: str, ip: str, ip6: str, prefix: int = 24, prefix6: int = 64
+) -> list[str]:
+    """``ip`` commands giving ``dev`` its address of each family it has ("" for none; IPv6
+    without duplicate address detection, so it is usable at once)."""
+    cmds = [f"address add {ip}/{prefix} dev {dev}"] if ip else []
+    return cmds + ([f"address add {ip6}/{prefix6} dev {dev} nodad"] if ip6 else [])
+
+
 def _create_node(cluster: Cluster, node: Node) -> None:
-    cmds = ["link add cni0 type bridge"]
-    if node.gateway:
-        cmds.append(f"address add {node.gateway}/24 dev cni0")
-    if node.gateway6:
-        cmds.append(f"address add {node.gateway6}/64 dev cni0 nodad")
+    cmds = ["link add cni0 type bridge", *_address_commands("cni0", node.gateway, node.gateway6)]
     cmds.append("link set cni0 up")
     for other in cluster.nodes:
         if other is not node:
@@ -343,12 +344,7 @@ def _create_node(cluster: Cluster, node: Node) -> None:
 
 def _pod_commands(node: Node, pod: Pod) -> list[str]:
     """A pod's eth0: an address and a default route through cni0 of each family it has."""
-    cmds = ["link set lo up"]
-    if pod.ip:
-        cmds.append(f"address add {pod.ip}/24 dev eth0")
-    if pod.ip6:
-        cmds.append(f"address add {pod.ip6}/64 dev eth0 nodad")
-    cmds.append("link set eth0 up")
+    cmds = ["link set lo up", *_address_commands("eth0", pod.ip, pod.ip6), "link set eth0 up"]
     if pod.ip and node.gateway:
         cmds.append(f"route add default via {node.gateway}")
     if pod.ip6 and node.gateway6:
