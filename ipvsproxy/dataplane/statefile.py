@@ -610,8 +610,9 @@ class StateLock:
     """An exclusive ``flock`` on ``<state file>.lock``, held for the process's life: two
     instances on one node (a DaemonSet update with maxSurge, or ``cleanup`` beside the
     daemon) must not program the node nor write the state file at once. The lock file holds
-    its holder's pid, for the message; it is never removed (removing it would let a third
-    instance lock a new file while the second holds the old one)."""
+    its holder's pid, for the message (where it can be written); it is never removed
+    (removing it would let a third instance lock a new file while the second holds the old
+    one)."""
 
     path: Path
     fd: int
@@ -627,7 +628,7 @@ class StateLock:
         why), or raise StateLocked naming it."""
         path = state_path.with_name(state_path.name + ".lock")
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd, writable = _open_lock(path)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -639,8 +640,9 @@ class StateLock:
                 if on_wait is not None:
                     on_wait(f"{why}: waiting for it to exit")
                 fcntl.flock(fd, fcntl.LOCK_EX)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            if writable:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         except BaseException:
             os.close(fd)
             raise
@@ -648,3 +650,15 @@ class StateLock:
 
     def release(self) -> None:
         os.close(self.fd)  # closing the only descriptor releases the flock
+
+
+def _open_lock(path: Path) -> tuple[int, bool]:
+    """The lock file, and whether it could be opened to write: in a read-only directory an
+    existing one is locked all the same (``flock`` needs no write), without the pid."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), True
+    except OSError as exc:
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
+        except OSError:
+            raise exc from None

@@ -256,3 +256,20 @@ print(json.dumps({{"errors": result.errors + cleaned.errors, "problem": n.dp.sta
     out = json.loads(done.stdout.splitlines()[-1])
     assert out["errors"] == [] and out["failures"] >= 1
     assert "Read-only file system" in out["problem"]
+
+
+def test_the_lock_holds_in_a_read_only_state_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lock file an earlier run left is locked read-only: a second instance still waits."""
+    from ipvsproxy.dataplane.statefile import StateLock, StateLocked
+
+    StateLock.acquire(tmp_path / "state.json", wait=False).release()  # the lock file exists
+    _read_only(monkeypatch, tmp_path)
+    lock = StateLock.acquire(tmp_path / "state.json", wait=False)
+    try:
+        with pytest.raises(StateLocked):
+            StateLock.acquire(tmp_path / "state.json", wait=False)
+    finally:
+        lock.release()
+    StateLock.acquire(tmp_path / "state.json", wait=False).release()
