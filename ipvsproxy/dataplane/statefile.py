@@ -92,7 +92,7 @@ class State:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], problems: list[str]) -> State:
+    def from_json(cls, data: dict[str, Any], problems: Problems) -> State:
         """The state ``data`` holds, each entry read on its own: one that cannot be read (a
         wrong type, a number out of range, an address that is none) is left out and said in
         ``problems``, the others are kept. Raises ValueError on a document that is not one
@@ -182,7 +182,7 @@ class StateFile:
     def load(self) -> State:
         """The state as written, as far as it can be read: see the class's invariants."""
         self.unreadable, self._saved, self._damaged = None, None, False
-        problems: list[str] = []
+        problems = Problems()
         try:
             raw = _read(self.path, STATE_FILE_MAX_BYTES)
         except FileNotFoundError:
@@ -214,7 +214,7 @@ class StateFile:
         state.saved()
         return state
 
-    def _journal_lines(self, problems: list[str]) -> list[str]:
+    def _journal_lines(self, problems: Problems) -> list[str]:
         """The journal's whole lines (a last one without its newline was torn while it was
         appended: left out); no more than ``STATE_FILE_MAX_BYTES`` of it is read."""
         try:
@@ -378,7 +378,7 @@ def _draining(data: Any) -> tuple[tuple[ServiceKey, DestKey], float | None]:
     return entry, None if t is None else float(t)
 
 
-def _field(data: dict[str, Any], name: str, problems: list[str]) -> str:
+def _field(data: dict[str, Any], name: str, problems: Problems) -> str:
     value = data.get(name, "")
     if isinstance(value, str):
         return value
@@ -405,7 +405,7 @@ def _identity(service: str, data: Any) -> ServiceIdentity:
     return ident
 
 
-def _each(name: str, items: Any, parse: Callable[[Any], Any], problems: list[str]) -> Iterator[Any]:
+def _each(name: str, items: Any, parse: Callable[[Any], Any], problems: Problems) -> Iterator[Any]:
     """``parse`` of each of ``items``; one that cannot be read is said in ``problems``."""
     if not isinstance(items, list):
         problems.append(f"{name}: not a list but {type(items).__name__}")
@@ -413,8 +413,8 @@ def _each(name: str, items: Any, parse: Callable[[Any], Any], problems: list[str
     for i, item in enumerate(items):
         try:
             yield parse(item)
-        except _ERRORS as exc:
-            problems.append(f"{name}[{i}]: {_why(exc)}")
+        except _ERRORS as exc:  # (the message is made only while it is shown)
+            problems.append("" if problems.full() else f"{name}[{i}]: {_why(exc)}")
 
 
 def _why(exc: BaseException) -> str:
@@ -423,9 +423,32 @@ def _why(exc: BaseException) -> str:
     return text if len(text) <= 160 else text[:160] + "..."
 
 
-def _unreadable(path: Path, problems: list[str]) -> str:
-    shown = "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else "")
-    return f"state file {path} is partly unreadable, {len(problems)} parts left out: {shown}"
+class Problems:
+    """What of a state file could not be read: how many parts, the first few said (a
+    hostile file's million bad entries are not kept as a million messages)."""
+
+    SHOWN = 3
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.shown: list[str] = []
+
+    def append(self, what: str) -> None:
+        self.count += 1
+        if not self.full():
+            self.shown.append(what)
+
+    def full(self) -> bool:
+        """Whether no more is shown."""
+        return len(self.shown) >= self.SHOWN
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+
+def _unreadable(path: Path, problems: Problems) -> str:
+    shown = "; ".join(problems.shown) + ("; ..." if problems.count > len(problems.shown) else "")
+    return f"state file {path} is partly unreadable, {problems.count} parts left out: {shown}"
 
 
 def _read(path: Path, limit: int, cut: bool = False) -> bytes:

@@ -605,3 +605,14 @@ def test_a_read_only_state_directory_does_not_stop_open(
     sf = StateFile(path)
     assert sf.open() == sample()
     assert sf.unreadable is None
+
+
+def test_many_bad_entries_are_counted_not_each_kept(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    doc = sample().to_json("g1")
+    doc["virtualServers"] = [["10.96.0.1", "TCP", "x" * 1000]] * 10_000
+    path.write_text(json.dumps(doc))
+    sf = StateFile(path)
+    assert sf.load().virtual_servers == set()
+    assert sf.unreadable is not None and "10000 parts" in sf.unreadable
+    assert len(sf.unreadable) < 1000  # a few said, and each short
