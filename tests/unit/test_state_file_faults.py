@@ -239,23 +239,37 @@ def test_cleanup_and_a_sync_in_a_read_only_bind_mount(tmp_path: Path) -> None:
     if probe.returncode != 0:
         pytest.skip(f"no read-only bind mount here: {probe.stderr.strip()}")
     _ours_and_foreign(tmp_path)
+    written = {f.name: f.read_bytes() for f in tmp_path.iterdir()}
     script = f"""
-import json, sys
+import json
 from pathlib import Path
+from ipvsproxy import cli
+from ipvsproxy.kernel import families
+from ipvsproxy.kernel.backends import Backends
 from tests.unit.fake_node import node
-from tests.unit.test_dataplane_fake_kernel import POD_A, _with_foreign_state, put, web
-n = node(Path({str(tmp_path)!r}), _with_foreign_state())
+from tests.unit.test_dataplane_fake_kernel import POD_A, _with_foreign_state, foreign, put, web
+kernel = _with_foreign_state()
+before = foreign(kernel)
+n = node(Path({str(tmp_path)!r}), kernel)  # run: a sync
 put(n, "web", web(POD_A))
 result = n.sync()
-cleaned = n.dp.cleanup()
-print(json.dumps({{"errors": result.errors + cleaned.errors, "problem": n.dp.state_problem,
-                  "failures": n.dp.snapshot().state_write_failures}}))
+synced = sorted(str(k) for k in kernel.ipvs.virtual_servers)
+Backends.open = staticmethod(lambda: kernel)  # cleanup: the CLI, over the same kernel
+families.ipv6_unavailable = lambda: "not here"
+code = cli.main(["cleanup", "--state-file", {str(tmp_path / "state.json")!r}])
+print(json.dumps({{"errors": result.errors, "problem": n.dp.state_problem,
+                  "failures": n.dp.snapshot().state_write_failures, "synced": synced,
+                  "code": code, "left": sorted(str(k) for k in kernel.ipvs.virtual_servers),
+                  "foreign kept": foreign(kernel) == before}}))
 """
     done = _bind_read_only(tmp_path, script)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.splitlines()[-1])
-    assert out["errors"] == [] and out["failures"] >= 1
+    assert out["errors"] == [] and out["failures"] >= 1 and str(WEB) in out["synced"]
     assert "Read-only file system" in out["problem"]
+    assert out["code"] == 0 and str(WEB) not in out["left"] and out["foreign kept"]
+    assert "Read-only file system" in done.stderr  # cleanup said it
+    assert {f.name: f.read_bytes() for f in tmp_path.iterdir()} == written
 
 
 def test_the_lock_holds_in_a_read_only_state_directory(
