@@ -481,6 +481,8 @@ def _checked(line: str) -> dict[str, Any]:
     c = json.loads(body)
     if not isinstance(c, dict):
         raise ValueError("not a JSON object")
+    if m is None and "sum" in c:  # a check, but not as written
+        raise ValueError("its check is damaged")
     return c
 
 

@@ -526,10 +526,14 @@ def test_a_line_whose_check_fails_is_skipped(tmp_path: Path) -> None:
     sf.save(state)
     text = sf.journal.read_text()
     assert '"a"' in text
-    sf.journal.write_text(text.replace('"a"', '"z"'))  # valid JSON, not what was written
-    reader = StateFile(path)
-    assert reader.load().rules_digest == "abc"
-    assert reader.unreadable is not None and "journal" in reader.unreadable
+    for damaged in (
+        text.replace('"a"', '"z"'),  # valid JSON, not what was written
+        text.replace('"sum": "', '"sum": "g'),  # the check itself damaged
+    ):
+        sf.journal.write_text(damaged)
+        reader = StateFile(path)
+        assert reader.load().rules_digest == "abc"
+        assert reader.unreadable is not None and "journal" in reader.unreadable
 
 
 def test_an_append_cut_short_by_a_full_disk_loses_no_later_line(
