@@ -145,9 +145,9 @@ class Dataplane:
         self.state_problem: str | None = self.statefile.unreadable
         if self.statefile.unreadable:
             log.warning(
-                "%s; for what it does not name, ownership falls back to what the kernel "
-                "shows is ours: virtual servers on addresses bound to kube-ipvs0, those the "
-                "Services want and NodePorts the NodePort ipsets record",
+                "%s; falling back, for what it does not name, to what the kernel shows is "
+                "ours: virtual servers on addresses bound to kube-ipvs0, those the Services "
+                "want and NodePorts the NodePort ipsets record",
                 self.statefile.unreadable,
             )
         self.state_write_failures = 0  # state file writes that failed (disk full, read-only)
