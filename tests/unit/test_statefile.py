@@ -620,3 +620,26 @@ def test_many_bad_entries_are_counted_not_each_kept(tmp_path: Path) -> None:
     assert sf.load().virtual_servers == set()
     assert sf.unreadable is not None and "10000 parts" in sf.unreadable
     assert len(sf.unreadable) < 1000  # a few said, and each short
+
+
+def test_no_more_of_a_journal_than_a_state_file_may_hold_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ipvsproxy.dataplane import statefile
+
+    path = tmp_path / "state.json"
+    sf = StateFile(path)
+    state = State(rules_digest="0")
+    sf.save(state)
+    for i in range(1, 40):
+        state.rules_digest = str(i)
+        sf.save(state)
+    lines = sf.journal.read_bytes().splitlines(keepends=True)
+    limit = sum(len(line) for line in lines[:10]) + 5  # ten lines and a part of the 11th
+    monkeypatch.setattr(statefile, "STATE_FILE_MAX_BYTES", limit)
+    reader = StateFile(path)
+    assert reader.load().rules_digest == "10"  # what the first ten lines say
+    assert reader.unreadable is not None and "journal" in reader.unreadable
+    state.rules_digest = "40"
+    assert reader.save(state)
+    assert not reader.journal.exists()  # rewritten as a snapshot
