@@ -107,6 +107,8 @@ def cmd_cleanup(argv: Sequence[str]) -> int:
             lock.release()
     for err in result.errors:
         print(f"ipvsproxy cleanup: {err}", file=sys.stderr)
+    if dp.state_problem:  # the kernel is clean all the same
+        print(f"ipvsproxy cleanup: {dp.state_problem}", file=sys.stderr)
     print(f"ipvsproxy cleanup: {result.writes} writes")
     return 1 if result.errors else 0
 

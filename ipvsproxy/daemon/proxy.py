@@ -168,6 +168,8 @@ class Proxy:
 
             result = gc_tuning.paused_for(replan_and_sync, lambda r: r.full)
             done = self.telemetry.record(result, self.dp.snapshot(), marks)
+            with self.health.lock:
+                self.health.state_file = self.dp.state_problem
             if done is not None:
                 # As upstream: marks the proxier updated and clears what was queued.
                 self.last_sync = done
@@ -225,6 +227,7 @@ class Proxy:
                 last_sync=self.last_sync,
                 pending=pending,
                 invalid=self._invalid(),
+                state_file_problem=self.dp.state_problem,
             )
             if kernel:
                 doc.update(view.kernel_document(self.dp.desired_sets(), self.dp.expected_chains()))

@@ -33,7 +33,13 @@ from ipvsproxy.dataplane.blame import Blame
 from ipvsproxy.dataplane.cleanup import remove_ours
 from ipvsproxy.dataplane.differ import differing
 from ipvsproxy.dataplane.drain import FlushRun, StaleUdpFlows, drain, expired
-from ipvsproxy.dataplane.observed import Observed, read_kernel, record_ipvs, reread
+from ipvsproxy.dataplane.observed import (
+    Observed,
+    adopt_recorded,
+    read_kernel,
+    record_ipvs,
+    reread,
+)
 from ipvsproxy.dataplane.retries import Failure, Failures
 from ipvsproxy.dataplane.snapshot import DesiredView, Snapshot
 from ipvsproxy.dataplane.statefile import State, StateFile
@@ -134,11 +140,14 @@ class Dataplane:
         self.last_good: dict[str, Mapping[str, Any]] = {}
         self.statefile = StateFile(state_path)
         self.state: State = self.statefile.open()
+        # What of the state file cannot be read or written now (log, /healthz, status); None
+        # once a save wrote it.
+        self.state_problem: str | None = self.statefile.unreadable
         if self.statefile.unreadable:
             log.warning(
-                "%s; falling back to what the kernel shows is ours: virtual servers on "
-                "addresses bound to kube-ipvs0 and those the Services want; virtual servers "
-                "on node addresses (NodePorts) of Services deleted meanwhile may stay",
+                "%s; falling back, for what it does not name, to what the kernel shows is "
+                "ours: virtual servers on addresses bound to kube-ipvs0, those the Services "
+                "want and NodePorts the NodePort ipsets record",
                 self.statefile.unreadable,
             )
         self.state_write_failures = 0  # state file writes that failed (disk full, read-only)
@@ -452,6 +461,10 @@ class Dataplane:
         result = SyncResult(full=True)
         self.observed = None
         bound = self.backends.addresses.bound()
+        try:
+            adopt_recorded(self.state, self.desired, self.backends, bound, self._excluded)
+        except Exception as exc:  # the rest is removed all the same
+            result.errors.append(f"reading the NodePort sets: {exc}")
         # owns_service: the virtual servers on kube-ipvs0's addresses are ours.
         self.observed = Observed({}, {}, bound, {}, None)
         result.errors += remove_ours(self.backends, bound, self.owns_service, self.owns_address)
@@ -492,13 +505,20 @@ class Dataplane:
         """Write the state file; a failed write (disk full, read-only) is logged and counted,
         and programming goes on: the next save writes everything again."""
         try:
-            self.statefile.save(self.state)
+            wrote = self.statefile.save(self.state)
         except OSError as exc:
             self.state_write_failures += 1
+            self.state_problem = f"cannot write the state file {self.statefile.path}: {exc}"
             if str(exc) != self._state_write_error:
-                log.warning("cannot write the state file %s: %s", self.statefile.path, exc)
+                log.warning(
+                    "%s; programming goes on, but a restart meanwhile would know only what "
+                    "the kernel shows is ours",
+                    self.state_problem,
+                )
             self._state_write_error = str(exc)
             return
+        if wrote:
+            self.state_problem = None
         if self._state_write_error is not None:
             log.info("the state file %s is written again", self.statefile.path)
             self._state_write_error = None

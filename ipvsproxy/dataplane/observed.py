@@ -228,6 +228,26 @@ def adopt_ours(
         ours.update(found)
 
 
+def adopt_recorded(
+    state: State,
+    desired: DesiredState,
+    backends: Backends,
+    bound: Collection[str],
+    excluded: Callable[[str], bool],
+) -> None:
+    """``adopt_ours`` as ``cleanup`` needs it: the state file may not name a NodePort virtual
+    server of ours (lost, unreadable, never written), the NodePort sets still record it."""
+    members = {
+        name: entries
+        for name, entries in backends.ipsets.read().items()
+        if name in ipset_specs.NODE_PORT_SET.values()
+    }
+    services = backends.ipvs.services()
+    adopt_ours(
+        state, desired, services, bound, members, lambda _: _node_addresses(backends), excluded
+    )
+
+
 def _node_addresses(backends: Backends) -> frozenset[str]:
     """The node's addresses but kube-ipvs0's and loopback (upstream's nodeAddressSet)."""
     return local_addresses(backends.addresses.indexed(), backends.addresses.device_index())

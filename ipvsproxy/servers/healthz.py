@@ -38,6 +38,9 @@ class HealthState:
     # Served IP families no address of this node carries NodePorts for, and why (shown, never
     # a failure: their cluster IPs, external IPs and load-balancer VIPs are served)
     no_node_ports: dict[str, str] = field(default_factory=dict)
+    # What of the state file cannot be read or written (shown, never a failure: the node is
+    # programmed; only a restart meanwhile would know less of what is ours)
+    state_file: str | None = None
 
     def queued(self, now: float | None = None) -> None:
         with self.lock:
@@ -67,6 +70,8 @@ class HealthState:
                 body["unservedIPFamilies"] = dict(self.unserved)
             if self.no_node_ports:
                 body["noNodePortAddressIPFamilies"] = dict(self.no_node_ports)
+            if self.state_file:
+                body["stateFile"] = self.state_file
         return (200 if healthy else 503), body
 
 

@@ -79,9 +79,10 @@ def daemon_document(
     pending: int,
     invalid: Mapping[str, str],
     addresses: Collection[str] = (),
+    state_file_problem: str | None = None,
 ) -> dict[str, Any]:
     """What the daemon serves at /status: its desired IPVS state, the addresses kube-ipvs0
-    should hold and the names of things."""
+    should hold, the names of things and what of its state file it cannot read or write."""
     desired = [
         [
             k.address,
@@ -101,6 +102,7 @@ def daemon_document(
         "lastSync": last_sync,
         "pendingChanges": pending,
         "invalidServices": dict(sorted(invalid.items())),
+        "stateFileProblem": state_file_problem,
         "desired": desired,
         "addresses": sorted(addresses),
         "identities": identities_to_json(identities),
@@ -134,6 +136,7 @@ class DaemonView:
     # ``kernel_document``'s: None where not served (or, for chains, not known yet)
     sets: Mapping[str, frozenset[str]] | None = None
     chains: Mapping[ChainKey, str | None] | None = None
+    state_file_problem: str | None = None  # what of its state file it cannot read or write
 
 
 def parse_daemon_document(doc: Mapping[str, Any]) -> DaemonView:
@@ -165,9 +168,14 @@ def parse_daemon_document(doc: Mapping[str, Any]) -> DaemonView:
             addresses=None if addresses is None else frozenset(map(str, addresses)),
             sets=_parse_sets(doc.get("ipsets")),
             chains=_parse_chains(doc.get("chains")),
+            state_file_problem=_optional_text(doc.get("stateFileProblem")),
         )
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed daemon status document: {exc!r}") from exc
+
+
+def _optional_text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _parse_sets(doc: Any) -> dict[str, frozenset[str]] | None:
@@ -385,6 +393,7 @@ def build_report(
             "path": src.state_path,
             "modified": rfc3339(src.state_time),
             "error": src.state_error,
+            "daemonProblem": src.daemon.state_file_problem if src.daemon else None,
         },
         "drift": {"count": None if ops is None else len(ops), "operations": ops or []},
         "virtualServers": servers,
@@ -617,6 +626,8 @@ def header_lines(report: Mapping[str, Any]) -> list[str]:
     else:
         why = sf["error"] or f"no state file at {sf['path']}"
         lines.append(f"view: kernel only ({why}; names unknown)")
+    if sf.get("daemonProblem"):
+        lines.append(f"state file: {sf['daemonProblem']}")
     for service, why in sorted(d["invalidServices"].items()):
         lines.append(f"invalid service {service}: {why}")
     return lines

@@ -305,6 +305,41 @@ def test_refused_virtual_servers_are_blamed_on_their_service(
         assert "10.96.8.1:80" in ndp.dp.failed["ns1/bad"].reason
 
 
+def test_cleanup_in_a_read_only_state_directory_removes_ours(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    """The state directory bound read-only over itself (EROFS even to removing a file that is
+    not there): ``ipvsproxy cleanup`` removes the ClusterIP and the NodePort it programmed,
+    says that it cannot write the state file, and succeeds."""
+    n1 = lab_cluster.node("node-1")
+    state = tmp_path / "state.json"
+    svc = node_port_service("ro", "10.96.7.7", 30703)
+    slices = [endpoint_slice("ro", [endpoint(n1.pods[0].ip)])]
+    proxy = NodeDataplane(n1, state)
+    try:
+        proxy.run(lambda dp: (dp.update_service("default/ro", svc, slices), sync_ok(dp)))
+    finally:
+        proxy.close()
+    node_port = f"{n1.ip}:30703"
+    assert node_port in sh(lab_cluster, n1.netns, "ipvsadm -Ln")
+    written = {f.name: f.read_bytes() for f in tmp_path.iterdir()}
+    read_only = 'mount --bind -o ro "$1" "$1" && shift && exec "$@"'
+    try:
+        done = lab_cluster.exec(
+            n1.netns, "unshare", "-m", "--propagation", "private", "sh", "-c", read_only, "sh",
+            str(tmp_path), sys.executable, "-m", "ipvsproxy", "cleanup", "--state-file",
+            str(state), check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "Read-only file system" in done.stderr
+        ipvs = sh(lab_cluster, n1.netns, "ipvsadm -Ln")
+        assert "10.96.7.7" not in ipvs and node_port not in ipvs
+        assert "kube-ipvs0" not in sh(lab_cluster, n1.netns, "ip link")
+    finally:
+        sh(lab_cluster, n1.netns, f"ipvsadm -D -t {node_port}", check=False)
+    assert {f.name: f.read_bytes() for f in tmp_path.iterdir()} == written
+
+
 def killed_after_the_kernel_write(
     node: Node, state: Path, name: str, svc: dict[str, Any], slices: list[dict[str, Any]]
 ) -> None:

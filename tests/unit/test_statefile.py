@@ -18,6 +18,7 @@ from ipvsproxy.core.identities import EndpointIdentity, ServiceIdentity, Virtual
 from ipvsproxy.core.virtual_servers import DestKey, Protocol, ServiceKey
 from ipvsproxy.dataplane.statefile import (
     SERVERS_PER_PIECE,
+    STATE_FILE_MAX_BYTES,
     State,
     StateFile,
     StateLock,
@@ -393,3 +394,252 @@ def test_cleanup_refuses_while_the_daemon_holds_the_lock(
     err = capsys.readouterr().err
     assert f"pid {holder.pid}" in err and "state.json.lock" in err
     assert path.read_text() == "{}"  # nothing touched
+
+
+# -- hostile or damaged files: reported, what can be read is kept, never a crash -----------------
+
+_GOOD_VS = ["10.96.0.2", "UDP", 53]
+
+
+@pytest.mark.parametrize(
+    "bad_entry",
+    [
+        ["10.96.0.1", "TCP", 1e400],  # a float too large for an int (OverflowError)
+        ["10.96.0.1", "TCP", 10**30],  # no port
+        ["10.96.0.1", "TCP", -1],
+        ["10.96.0.1", "TCP", True],
+        ["10.96.0.1", "TCP", "80"],
+        [None, "TCP", 80],  # would break sorting at the next save
+        ["not an address", "TCP", 80],
+        ["10.96.0.1", "TCP"],
+        "10.96.0.1",
+        {"address": "10.96.0.1"},
+        ["10.96.0.1", ["TCP"], 80],
+    ],
+)
+def test_a_bad_virtual_server_entry_is_skipped_and_the_rest_kept(
+    tmp_path: Path, bad_entry: Any
+) -> None:
+    path = tmp_path / "state.json"
+    doc = sample().to_json("g1")
+    doc["virtualServers"] = [_GOOD_VS, bad_entry, ["192.168.56.11", "TCP", 30080]]
+    path.write_text(json.dumps(doc))
+    sf = StateFile(path)
+    loaded = sf.load()
+    assert loaded == sample()  # everything else, the good virtual servers among it
+    assert sf.unreadable is not None and "virtualServers" in sf.unreadable
+    assert sf.save(loaded)  # rewritten whole, without the bad entry
+    again = StateFile(path)
+    assert again.load() == sample() and again.unreadable is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("drainingSince", [["10.96.0.2", "UDP", 53, "10.244.1.9", 53, 1e400]]),  # inf
+        ("drainingSince", [["10.96.0.2", "UDP", 53, "10.244.1.9", 1e400, 1.0]]),
+        ("drainingSince", [["10.96.0.2", "UDP", 53, "10.244.1.9", 53, "soon"]]),
+        ("drainingSince", "everything"),
+        ("rulesDigest", ["abc"]),
+        ("identities", {"ns/svc": {"virtualServers": [["10.96.0.9", "TCP", 1e400]]}}),
+        ("identities", {"ns/svc": {"endpoints": [[None, {"a": 1}, 2]]}}),
+        ("identities", {"ns/svc": "junk"}),
+        ("identities", [1, 2]),
+        ("virtualServers", None),
+    ],
+)
+def test_a_bad_field_is_reported_and_nothing_else_is_lost(
+    tmp_path: Path, field: str, value: Any
+) -> None:
+    path = tmp_path / "state.json"
+    good = sample()
+    doc = good.to_json("g1")
+    doc[field] = (
+        value
+        if field != "identities" or not isinstance(value, dict)
+        else {
+            **doc["identities"],
+            **value,
+        }
+    )
+    path.write_text(json.dumps(doc))
+    sf = StateFile(path)
+    loaded = sf.load()  # never raises
+    assert sf.unreadable is not None and field in sf.unreadable
+    # What the damaged field held is gone, every other field is as written.
+    if field != "virtualServers":
+        assert loaded.virtual_servers == good.virtual_servers
+    if field != "identities" or isinstance(value, dict):
+        assert {k: v for k, v in loaded.identities.items() if k != "ns/svc"} == good.identities
+    assert sf.save(loaded)  # and the file is readable again
+    assert StateFile(path).load() == loaded
+
+
+def test_deep_nesting_or_a_huge_file_is_unreadable_not_fatal(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    nested = '{"version": 1, "virtualServers": ' + "[" * 200_000 + "]" * 200_000 + "}"
+    path.write_text(nested)
+    sf = StateFile(path)
+    assert sf.open() == State()
+    assert sf.unreadable is not None
+    kept = tmp_path / "state.json.unreadable"
+    assert kept.read_text() == nested  # the writer keeps a copy before it writes anew
+    kept.unlink()
+    with path.open("wb") as f:  # sparse: larger than any state file ipvsproxy writes
+        f.truncate(STATE_FILE_MAX_BYTES + 1)
+    sf = StateFile(path)
+    assert sf.open() == State()
+    assert sf.unreadable is not None and "large" in sf.unreadable
+    assert not kept.exists()  # not copied: no more than a state file is ever read
+
+
+def test_a_damaged_journal_line_loses_only_itself(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    sf = StateFile(path)
+    state = sample()
+    sf.save(state)
+    state.rules_digest = "a"
+    sf.save(state)
+    gen = json.loads(path.read_text())["generation"]
+    damaged = [
+        f'{{"gen": "{gen}", "rules": ["x", "y"',  # torn, then a line appended after it
+        f'{{"gen": "{gen}", "vs+": [["10.96.0.1", "TCP", 1e400]], "vs-": []}}',
+        f'{{"gen": "{gen}", "draining": [[' + "[" * 100_000,
+        "\x00\x00\x00\x00",
+    ]
+    with sf.journal.open("a") as f:
+        f.write("\n".join(damaged) + "\n")
+    state.rules_digest = "b"
+    state.virtual_servers.add(ServiceKey("10.96.7.7", Protocol.TCP, 443))
+    sf.save(state)  # appended after the damaged lines
+    reader = StateFile(path)
+    assert reader.load() == state
+    assert reader.unreadable is not None and "journal" in reader.unreadable
+
+
+def test_a_line_whose_check_fails_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    sf = StateFile(path)
+    state = sample()
+    sf.save(state)
+    state.rules_digest = "a"
+    sf.save(state)
+    text = sf.journal.read_text()
+    assert '"a"' in text
+    for damaged in (
+        text.replace('"a"', '"z"'),  # valid JSON, not what was written
+        text.replace('"sum": "', '"sum": "g'),  # the check itself damaged
+    ):
+        sf.journal.write_text(damaged)
+        reader = StateFile(path)
+        assert reader.load().rules_digest == "abc"
+        assert reader.unreadable is not None and "journal" in reader.unreadable
+
+
+def test_an_append_cut_short_by_a_full_disk_loses_no_later_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    path = tmp_path / "state.json"
+    sf = StateFile(path)
+    state = sample()
+    sf.save(state)
+    real_write = os.write
+    full = [True]
+
+    def short_write(fd: int, data: bytes) -> int:
+        """The disk fills up: a part of the line is written, then nothing."""
+        if not full[0] or not os.readlink(f"/proc/self/fd/{fd}").endswith(".journal"):
+            return real_write(fd, data)
+        if len(data) > 8:
+            return real_write(fd, bytes(data)[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", short_write)
+    state.rules_digest = "one"
+    try:
+        sf.save(state)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    full[0] = False  # room again
+    for digest in ("two", "three"):
+        state.rules_digest = digest
+        state.virtual_servers.add(ServiceKey("10.96.8.8", Protocol.TCP, len(digest)))
+        sf.save(state)
+    assert StateFile(path).load() == state
+
+
+def test_an_append_after_a_torn_line_starts_on_a_new_line(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    sf = StateFile(path)
+    state = sample()
+    sf.save(state)
+    state.rules_digest = "one"
+    sf.save(state)
+    with sf.journal.open("a") as f:  # a line cut short behind the writer's back
+        f.write('{"gen": "x", "rules": ["tw')
+    state.rules_digest = "two"
+    sf.save(state)
+    assert StateFile(path).load() == state
+
+
+def test_a_state_directory_that_cannot_be_written_does_not_stop_open(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    sf = StateFile(blocker / "state.json")  # every write fails (ENOTDIR), as read-only
+    assert sf.open() == State()
+    with pytest.raises(OSError):
+        sf.save(sample())
+
+
+def test_a_read_only_state_directory_does_not_stop_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    path = tmp_path / "state.json"
+    StateFile(path).save(sample())
+
+    def read_only(*_args: Any, **_kw: Any) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(os, "unlink", read_only)
+    monkeypatch.setattr(Path, "unlink", read_only)
+    sf = StateFile(path)
+    assert sf.open() == sample()
+    assert sf.unreadable is None
+
+
+def test_many_bad_entries_are_counted_not_each_kept(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    doc = sample().to_json("g1")
+    doc["virtualServers"] = [["10.96.0.1", "TCP", "x" * 1000]] * 10_000
+    path.write_text(json.dumps(doc))
+    sf = StateFile(path)
+    assert sf.load().virtual_servers == set()
+    assert sf.unreadable is not None and "10000 parts" in sf.unreadable
+    assert len(sf.unreadable) < 1000  # a few said, and each short
+
+
+def test_no_more_of_a_journal_than_a_state_file_may_hold_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ipvsproxy.dataplane import statefile
+
+    path = tmp_path / "state.json"
+    sf = StateFile(path)
+    state = State(rules_digest="0")
+    sf.save(state)
+    for i in range(1, 40):
+        state.rules_digest = str(i)
+        sf.save(state)
+    lines = sf.journal.read_bytes().splitlines(keepends=True)
+    limit = sum(len(line) for line in lines[:10]) + 5  # ten lines and a part of the 11th
+    monkeypatch.setattr(statefile, "STATE_FILE_MAX_BYTES", limit)
+    reader = StateFile(path)
+    assert reader.load().rules_digest == "10"  # what the first ten lines say
+    assert reader.unreadable is not None and "journal" in reader.unreadable
+    state.rules_digest = "40"
+    assert reader.save(state)
+    assert not reader.journal.exists()  # rewritten as a snapshot

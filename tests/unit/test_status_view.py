@@ -253,7 +253,7 @@ def test_report_key_sets_are_the_documented_schema() -> None:
         "pendingChanges",
         "invalidServices",
     }
-    assert set(report["stateFile"]) == {"path", "modified", "error"}
+    assert set(report["stateFile"]) == {"path", "modified", "error", "daemonProblem"}
     assert set(report["drift"]) == {"count", "operations"}
     for vs in report["virtualServers"]:
         assert set(vs) == VS_KEYS
@@ -295,7 +295,12 @@ def test_daemon_view_report() -> None:
         "pendingChanges": 0,
         "invalidServices": {},
     }
-    assert report["stateFile"] == {"path": STATE, "modified": None, "error": None}
+    assert report["stateFile"] == {
+        "path": STATE,
+        "modified": None,
+        "error": None,
+        "daemonProblem": None,
+    }
     assert report["drift"] == {"count": 0, "operations": []}
     # Every virtual server in the kernel is listed, ours and someone else's, in key order.
     assert [(v["address"], v["port"]) for v in report["virtualServers"]] == [
@@ -444,6 +449,7 @@ def test_state_file_view_report() -> None:
         "path": STATE,
         "modified": "2023-11-14T22:13:20Z",
         "error": None,
+        "daemonProblem": None,
     }
     assert report["drift"] == {"count": None, "operations": []}
     # Names come from the state file.
