@@ -58,19 +58,18 @@ class ChangeTracker:
 
     def set_slice(self, key: str, old: Kept | None, new: Kept | None) -> str | None:
         """The informer's EndpointSlice ``key`` is now ``new`` (None: deleted); returns the
-        Service it belongs to (None: a slice without the service-name label, ignored)."""
-        obj = new or old or {}
-        meta = obj.get("metadata") or {}
-        name = (meta.get("labels") or {}).get(LABEL_SERVICE_NAME)
-        if not name:
+        Service it belongs to (None: a slice without the service-name label, ignored). A
+        Service's bucket exists only while it holds a slice."""
+        service = slice_service(new or old or {})
+        if service is None:
             return None
-        service = f"{meta.get('namespace')}/{name}"
         with self.cond:
-            bucket = self.slices.setdefault(service, {})
-            if new is None:
+            if new is not None:
+                self.slices.setdefault(service, {})[key] = new
+            elif (bucket := self.slices.get(service)) is not None:
                 bucket.pop(key, None)
-            else:
-                bucket[key] = new
+                if not bucket:
+                    del self.slices[service]
         return service
 
     def mark(self, service: str) -> None:
@@ -140,6 +139,14 @@ class ChangeTracker:
         """What the dataplane plans ``service`` from: its object (None: deleted) and slices."""
         with self.cond:
             return self.services.get(service), list(self.slices.get(service, {}).values())
+
+
+def slice_service(obj: Kept) -> str | None:
+    """The Service (namespace/name) an EndpointSlice belongs to by its service-name label;
+    None without one."""
+    meta = obj.get("metadata") or {}
+    name = (meta.get("labels") or {}).get(LABEL_SERVICE_NAME)
+    return f"{meta.get('namespace')}/{name}" if name else None
 
 
 def slice_family(obj: Kept) -> int | None:
