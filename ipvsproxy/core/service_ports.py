@@ -69,8 +69,12 @@ def shown(value: Any) -> str:
     status and the logs, once per node)."""
     if isinstance(value, str) and len(value) > SHOWN:
         return f"{value[:SHOWN]!r}... ({len(value)} characters)"
-    text = repr(value)
-    return text if len(text) <= SHOWN + 2 else f"{text[:SHOWN]}... ({len(text)} characters)"
+    return cut(repr(value), SHOWN + 2)
+
+
+def cut(text: str, limit: int = 4 * SHOWN) -> str:
+    """``text`` (an exception's, which may quote a user's value) cut to ``limit`` characters."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True, slots=True)

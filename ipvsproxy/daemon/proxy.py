@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ipvsproxy.config import ProxyConfig
+from ipvsproxy.core.service_ports import cut
 from ipvsproxy.core.virtual_servers import ServiceKey
 from ipvsproxy.daemon.changes import (
     ChangeTracker,
@@ -39,7 +40,6 @@ from ipvsproxy.servers.traffic_metrics import PortName, port_names
 from ipvsproxy.status import view
 
 log = logging.getLogger("ipvsproxy")
-MAX_WHY = 256  # characters of an unexpected exception's text kept as a Service's error
 
 
 class Proxy:
@@ -158,7 +158,7 @@ class Proxy:
                 error = self.dp.update_service(service, svc, slices)
             except Exception as exc:  # a bug: this Service's error, the others go on
                 log.exception("cannot plan service %s", service)
-                why = str(exc)[:MAX_WHY]  # (it may quote a user's value)
+                why = cut(str(exc))  # (it may quote a user's value)
                 error = self.dp.errors[service] = f"cannot plan: {type(exc).__name__}: {why}"
             if error:
                 log.warning("cannot program service %s: %s", service, error)

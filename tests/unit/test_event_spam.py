@@ -10,6 +10,8 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ipvsproxy.config import build
 from ipvsproxy.core.service_ports import SCHEDULER_ANNOTATION, SHOWN
 from ipvsproxy.daemon.proxy import Proxy
@@ -125,3 +127,20 @@ def test_edits_with_huge_invalid_values_post_few_short_events(tmp_path: Path) ->
     assert "999-xxx" in reason and len(reason) < SHOWN + 200
     # What stays: the Service as last seen (one value), nothing per edit.
     assert grown < HUGE + 2 * 1024 * 1024, f"{grown} bytes kept"
+
+
+def test_an_unexpected_planner_exception_is_quoted_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever the planner raises may quote a user's value (Python's own messages quote up to
+    200 characters, a KeyError all of its key): the Service's error keeps a short prefix."""
+    from ipvsproxy.dataplane import dataplane
+
+    def raising(*_a: Any) -> Any:
+        raise KeyError("k" * HUGE)
+
+    monkeypatch.setattr(dataplane, "plan_service", raising)
+    h = node(tmp_path)
+    error = h.dp.update_service("default/web", service("web", "10.96.0.10"), [])
+    assert error is not None and error.startswith("cannot plan: KeyError: ")
+    assert len(error) < 4 * SHOWN + 100
