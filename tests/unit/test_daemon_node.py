@@ -149,7 +149,7 @@ def test_an_address_notice_replans_the_services_that_read_node_addresses() -> No
     dp.backends.addresses.addresses.append((2, "192.168.56.211"))  # keepalived adds a VIP to eth0
     # kube-ipvs0's own notices (ipvsproxy's binds) are no change of the node's addresses.
     proxy.node.watch_addresses(cast(Any, Notices(proxy, [{9}, set()])))
-    assert not proxy.changes.dirty and not proxy.node.addresses_stale.is_set()
+    assert not proxy.changes.has_work() and not proxy.node.addresses_stale.is_set()
     proxy.stop.clear()
     proxy.node.watch_addresses(cast(Any, Notices(proxy, [{9, 2}])))
     assert proxy.changes.has_work() and proxy.node.addresses_stale.is_set()
