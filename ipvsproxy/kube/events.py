@@ -3,7 +3,7 @@ why. Limited per object and reason as client-go's EventSourceObjectSpamFilter li
 source and object (tools/record/events_cache.go): a token bucket of ``BURST`` Events refilled
 at one per ``REFILL`` seconds, kept in an LRU of ``CACHE_SIZE`` entries; and a note repeated
 within ``interval`` is posted once. Nothing of a note is kept, and a note is cut to
-``MAX_NOTE`` characters. Posted from a thread of their own so that an API server that is slow
+``MAX_NOTE`` bytes. Posted from a thread of their own so that an API server that is slow
 or away never holds up a sync."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ log = logging.getLogger("ipvsproxy.kube.events")
 BURST = 25  # client-go's defaultSpamBurst
 REFILL = 300.0  # seconds per token: client-go's defaultSpamQPS, 1/300
 CACHE_SIZE = 4096  # client-go's maxLruCacheEntries
-MAX_NOTE = 1024  # characters; the API refuses a note longer than 1 kB
+MAX_NOTE = 1024  # bytes of UTF-8: the API refuses a longer note (NoteLengthLimit)
 
 
 @dataclass(slots=True)
@@ -50,10 +50,13 @@ class SpamFilter:
     def allow(self, key: tuple[str, str], note: str, now: float) -> bool:
         """Whether an Event with ``note`` about ``key`` may be posted now (it is then
         counted)."""
-        record = self.records.pop(key, None) or _Record(float(self.burst), now)
-        self.records[key] = record
-        if len(self.records) > self.size:
-            self.records.popitem(last=False)
+        record = self.records.get(key)
+        if record is None:
+            record = self.records[key] = _Record(float(self.burst), now)
+            if len(self.records) > self.size:
+                self.records.popitem(last=False)
+        else:
+            self.records.move_to_end(key)
         digest = hash(note)
         if digest == record.note and now - record.posted < self.interval:
             return False  # the same note again: no token taken
@@ -83,6 +86,7 @@ class EventRecorder:
         self.interval = interval
         self.clock = clock
         self.filter = SpamFilter(interval, burst, refill, size)
+        self._lock = threading.Lock()  # guards filter (warn may be called from any thread)
         self.records = self.filter.records
         self.queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue(maxsize=1000)
         self.thread = threading.Thread(target=self._run, name="events", daemon=True)
@@ -90,9 +94,10 @@ class EventRecorder:
 
     def warn(self, service: str, reason: str, note: str) -> bool:
         """Queue a Warning about ``service`` (namespace/name); False if rate-limited."""
-        note = note[:MAX_NOTE]
-        if not self.filter.allow((service, reason), note, self.clock()):
-            return False
+        note = note.encode()[:MAX_NOTE].decode(errors="ignore")
+        with self._lock:
+            if not self.filter.allow((service, reason), note, self.clock()):
+                return False
         ns, _, name = service.partition("/")
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         body = {

@@ -144,3 +144,14 @@ def test_an_unexpected_planner_exception_is_quoted_short(
     error = h.dp.update_service("default/web", service("web", "10.96.0.10"), [])
     assert error is not None and error.startswith("cannot plan: KeyError: ")
     assert len(error) < 4 * SHOWN + 100
+
+
+def test_a_note_is_cut_to_the_apis_limit_in_bytes() -> None:
+    """events.k8s.io refuses a note of more than 1,024 bytes (not characters)."""
+    now = [0.0]
+    rec, _posts = _recorder(now)
+    bodies: list[dict[str, Any]] = []
+    rec.post = lambda _ns, body: bodies.append(body)
+    assert rec.warn("default/web", "InvalidService", "é" * 2000)
+    _posted(rec, _posts)
+    assert len(bodies[0]["note"].encode()) <= 1024
