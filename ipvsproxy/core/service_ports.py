@@ -60,6 +60,23 @@ class InvalidObject(ValueError):
     """An object the dataplane cannot program; the message names the object and the field."""
 
 
+SHOWN = 64  # characters of a user's value that a message quotes
+
+
+def shown(value: Any) -> str:
+    """``value`` as a message quotes it: its repr, of at most ``SHOWN`` characters of it (a
+    user's value can be as long as an annotation's 256 KiB, and messages go into Events, the
+    status and the logs, once per node)."""
+    if isinstance(value, str) and len(value) > SHOWN:
+        return f"{value[:SHOWN]!r}... ({len(value)} characters)"
+    return cut(repr(value), SHOWN + 2)
+
+
+def cut(text: str, limit: int = 4 * SHOWN) -> str:
+    """``text`` (an exception's, which may quote a user's value) cut to ``limit`` characters."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 @dataclass(frozen=True, slots=True)
 class ServicePort:
     """One port of a Service, with everything that decides how it is programmed."""
@@ -174,7 +191,7 @@ def _ips(values: Iterable[Any], what: str, sid: str) -> tuple[str, ...]:
         try:
             ip = canonical_ip(str(v))
         except ValueError:
-            raise InvalidObject(f"service {sid}: {what} {v!r} is not an IP address") from None
+            raise InvalidObject(f"service {sid}: {what} {shown(v)} is not an IP address") from None
         out.append(ip)
     return tuple(dict.fromkeys(out))
 
@@ -189,7 +206,7 @@ def _cidrs(values: Iterable[Any], sid: str) -> tuple[str, ...]:
             net = ipaddress.ip_network(text, strict=False)
         except ValueError:
             raise InvalidObject(
-                f"service {sid}: loadBalancerSourceRanges entry {v!r} is not a CIDR"
+                f"service {sid}: loadBalancerSourceRanges entry {shown(v)} is not a CIDR"
             ) from None
         out.append(str(net))
     return tuple(dict.fromkeys(out))
@@ -219,7 +236,7 @@ def service_ports(svc: Mapping[str, Any]) -> list[ServicePort]:
         try:
             proto = Protocol(p.get("protocol") or "TCP")
         except ValueError:
-            raise InvalidObject(f"service {sid}: protocol {p.get('protocol')!r}") from None
+            raise InvalidObject(f"service {sid}: protocol {shown(p.get('protocol'))}") from None
         port = int(p.get("port") or 0)
         if not 1 <= port <= 65535:
             raise InvalidObject(f"service {sid}: port {port} out of range")
@@ -252,7 +269,7 @@ def _scheduler(svc: Mapping[str, Any], sid: str) -> str | None:
         return None
     if value not in SCHEDULERS:
         raise InvalidObject(
-            f"service {sid}: annotation {SCHEDULER_ANNOTATION}: {value!r} is not an IPVS "
+            f"service {sid}: annotation {SCHEDULER_ANNOTATION}: {shown(value)} is not an IPVS "
             f"scheduler ({', '.join(SCHEDULERS)})"
         )
     return str(value)
@@ -338,11 +355,11 @@ def _real_server_ip(addr: Any, skipped: dict[str, str], family: int = 4) -> str 
     try:
         ip = canonical_ip(addr)
     except ValueError:
-        skipped[f"address {addr!r}"] = "not an IP address in canonical form"
+        skipped[f"address {shown(addr)}"] = "not an IP address in canonical form"
         return None
     why = refused_address(ip, family)
     if why is not None:
-        skipped[f"address {addr!r}"] = why
+        skipped[f"address {shown(addr)}"] = why
         return None
     return ip
 
@@ -384,7 +401,7 @@ def endpoints_by_port(
                 continue  # not in this slice, or no number: not for this proxy
             number = _port_number(port)
             if number is None:
-                skipped[f"port {port!r}"] = "out of range 1..65535"
+                skipped[f"port {shown(port)}"] = "out of range 1..65535"
                 continue
             matched.append((seen[i], number))
         if not matched:

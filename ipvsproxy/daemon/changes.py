@@ -36,7 +36,9 @@ class ChangeTracker:
       later than ``started`` (upstream's trackerStartTime), in order; a slice's deletion
       forgets its Service's trigger times of the slice's family (as upstream's tracker);
     - ``service_changes`` holds the Services marked by a change of their Service object and
-      ``slice_changes`` counts the slice changes (upstream's two pending gauges)."""
+      ``slice_changes`` counts the slice changes (upstream's two pending gauges);
+    - ``sync_requested`` says a sync is wanted though no Service may be marked (the node's
+      addresses are to be read again: that sync marks the Services only if they changed)."""
 
     def __init__(self, on_mark: Callable[[], None] = lambda: None, started: float = 0.0) -> None:
         self.cond = threading.Condition()
@@ -45,6 +47,7 @@ class ChangeTracker:
         self.dirty: Marks = {}
         self.service_changes: set[str] = set()
         self.slice_changes = 0
+        self.sync_requested = False
         self.started = started
         self._on_mark = on_mark
 
@@ -58,19 +61,18 @@ class ChangeTracker:
 
     def set_slice(self, key: str, old: Kept | None, new: Kept | None) -> str | None:
         """The informer's EndpointSlice ``key`` is now ``new`` (None: deleted); returns the
-        Service it belongs to (None: a slice without the service-name label, ignored)."""
-        obj = new or old or {}
-        meta = obj.get("metadata") or {}
-        name = (meta.get("labels") or {}).get(LABEL_SERVICE_NAME)
-        if not name:
+        Service it belongs to (None: a slice without the service-name label, ignored). A
+        Service's bucket exists only while it holds a slice."""
+        service = slice_service(new or old or {})
+        if service is None:
             return None
-        service = f"{meta.get('namespace')}/{name}"
         with self.cond:
-            bucket = self.slices.setdefault(service, {})
-            if new is None:
+            if new is not None:
+                self.slices.setdefault(service, {})[key] = new
+            elif (bucket := self.slices.get(service)) is not None:
                 bucket.pop(key, None)
-            else:
-                bucket[key] = new
+                if not bucket:
+                    del self.slices[service]
         return service
 
     def mark(self, service: str) -> None:
@@ -100,6 +102,12 @@ class ChangeTracker:
                 triggers.append(Trigger(trigger, family))
             self._marked()
 
+    def request_sync(self) -> None:
+        """Ask for a sync without marking a Service."""
+        with self.cond:
+            self.sync_requested = True
+            self.cond.notify_all()
+
     def _marked(self) -> None:
         self._on_mark()
         self.cond.notify_all()
@@ -119,9 +127,10 @@ class ChangeTracker:
             self.mark(key)
 
     def take(self) -> Marks:
-        """The marks since the last take; none are left, nor pending changes."""
+        """The marks since the last take; none are left, nor pending changes, nor a request."""
         with self.cond:
             dirty, self.dirty = self.dirty, {}
+            self.sync_requested = False
             self.service_changes = set()
             self.slice_changes = 0
             return dirty
@@ -130,6 +139,11 @@ class ChangeTracker:
         """How many Services are marked."""
         with self.cond:
             return len(self.dirty)
+
+    def has_work(self) -> bool:
+        """Whether a sync is wanted: a Service is marked, or a sync was requested."""
+        with self.cond:
+            return bool(self.dirty) or self.sync_requested
 
     def pending_changes(self) -> tuple[int, int]:
         """The Services with a Service change pending, and the slice changes pending."""
@@ -140,6 +154,14 @@ class ChangeTracker:
         """What the dataplane plans ``service`` from: its object (None: deleted) and slices."""
         with self.cond:
             return self.services.get(service), list(self.slices.get(service, {}).values())
+
+
+def slice_service(obj: Kept) -> str | None:
+    """The Service (namespace/name) an EndpointSlice belongs to by its service-name label;
+    None without one."""
+    meta = obj.get("metadata") or {}
+    name = (meta.get("labels") or {}).get(LABEL_SERVICE_NAME)
+    return f"{meta.get('namespace')}/{name}" if name else None
 
 
 def slice_family(obj: Kept) -> int | None:

@@ -260,7 +260,8 @@ class NodeTracker:
 
     def watch_addresses(self, events: AddressEvents) -> None:
         """Until stopped: an address added to or removed from any interface but kube-ipvs0
-        re-plans, at the next sync, the Services that read the node's addresses."""
+        has the node's addresses read again at the next sync, which re-plans the Services that
+        read them only if they changed (pods' veths and DHCP renewals come and go often)."""
         while not self.stop.is_set():
             try:
                 changed = events.wait(1.0)
@@ -272,4 +273,4 @@ class NodeTracker:
                 if not changed:
                     continue
             self.addresses_stale.set()
-            self.changes.mark_where(uses_node_addresses)
+            self.changes.request_sync()

@@ -16,8 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ipvsproxy.config import ProxyConfig
+from ipvsproxy.core.service_ports import cut
 from ipvsproxy.core.virtual_servers import ServiceKey
-from ipvsproxy.daemon.changes import ChangeTracker, Marks, slice_family, trigger_time
+from ipvsproxy.daemon.changes import (
+    ChangeTracker,
+    Marks,
+    slice_family,
+    slice_service,
+    trigger_time,
+)
 from ipvsproxy.daemon.node import POD_CIDR_WAIT, NodeTracker
 from ipvsproxy.daemon.runner import SyncRunner
 from ipvsproxy.daemon.targets import health_check_targets
@@ -105,7 +112,11 @@ class Proxy:
 
     def on_slice(self, key: str, old: Kept | None, new: Kept | None) -> None:
         """An EndpointSlice counts as a change of its family's tracker (upstream's: none for
-        a family not served, nor for FQDN)."""
+        a family not served, nor for FQDN). A slice moved to another Service (its
+        service-name label changed) is deleted from the first."""
+        if old is not None and new is not None and slice_service(old) != slice_service(new):
+            self.on_slice(key, old, None)
+            old = None
         service = self.changes.set_slice(key, old, new)
         if service is None:
             return
@@ -147,7 +158,8 @@ class Proxy:
                 error = self.dp.update_service(service, svc, slices)
             except Exception as exc:  # a bug: this Service's error, the others go on
                 log.exception("cannot plan service %s", service)
-                error = self.dp.errors[service] = f"cannot plan: {type(exc).__name__}: {exc}"
+                why = cut(str(exc))  # (it may quote a user's value)
+                error = self.dp.errors[service] = f"cannot plan: {type(exc).__name__}: {why}"
             if error:
                 log.warning("cannot program service %s: %s", service, error)
                 self._warn(service, "InvalidService", error)

@@ -55,12 +55,12 @@ class SyncRunner:
     """Runs ``reconcile`` (a full sync) and ``apply_changes`` (the marked Services) in turn,
     until ``stop`` is set.
 
-    ``apply_changes`` runs when ``changes`` has marks, when a sync that did not run to its end
-    is due again, or when ``next_retry()`` (the dataplane's next retry of a failed Service, on
-    ``clock``'s monotonic time; None: none) is reached; never sooner than minSyncPeriod after
-    the sync before. ``reconcile`` runs first and then every ``sync_period``. A sync that
-    raises is logged, handed to ``on_exception`` and counts as one that did not run to its
-    end; the runner goes on."""
+    ``apply_changes`` runs when ``changes`` has marks or a sync was requested, when a sync
+    that did not run to its end is due again, or when ``next_retry()`` (the dataplane's next
+    retry of a failed Service, on ``clock``'s monotonic time; None: none) is reached; never
+    sooner than minSyncPeriod after the sync before. ``reconcile`` runs first and then every
+    ``sync_period``. A sync that raises is logged, handed to ``on_exception`` and counts as
+    one that did not run to its end; the runner goes on."""
 
     def __init__(
         self,
@@ -108,10 +108,10 @@ class SyncRunner:
             else:
                 with cond:
                     due = min(last_full + self.sync_period, retry_at, self._next_retry())
-                    if not self.changes.pending():
+                    if not self.changes.has_work():
                         clock.wait(cond, max(0.0, due - now))
                     retry = min(retry_at, self._next_retry())
-                    has_work = bool(self.changes.pending()) or retry <= clock.monotonic()
+                    has_work = self.changes.has_work() or retry <= clock.monotonic()
                 if not has_work or self.stop.is_set():
                     continue
                 pause = last_sync + self.min_sync_period - clock.monotonic()

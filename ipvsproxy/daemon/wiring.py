@@ -148,6 +148,11 @@ def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[
         proxied += f",service.kubernetes.io/service-proxy-name={cfg.service_proxy_name}"
     else:
         proxied += ",!service.kubernetes.io/service-proxy-name"
+
+    def counted(informer: str) -> Callable[[str], None]:
+        counter = proxy.metrics.informer_handler_errors.labels(informer)
+        return lambda _key: counter.inc()
+
     return [
         Informer(
             "services",
@@ -158,6 +163,7 @@ def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[
             label_selector=proxied,
             watch_timeout=watch_timeout,
             transform=slim.service,
+            on_handler_error=counted("services"),
         ),
         Informer(
             "endpointslices",
@@ -168,6 +174,7 @@ def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[
             label_selector=LABEL_SERVICE_NAME,
             watch_timeout=watch_timeout,
             transform=slim.endpoint_slice,
+            on_handler_error=counted("endpointslices"),
         ),
         Informer(
             "node",
@@ -177,6 +184,7 @@ def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[
             resource="nodes",
             field_selector=f"metadata.name={node_name}",
             watch_timeout=watch_timeout,
+            on_handler_error=counted("node"),
         ),
     ]
 

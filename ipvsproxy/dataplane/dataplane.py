@@ -28,6 +28,7 @@ from ipvsproxy.core import ipset_specs, ruleset
 from ipvsproxy.core.desired import Changes, DesiredState
 from ipvsproxy.core.diff import DestOp, ServiceOp
 from ipvsproxy.core.plan import EMPTY, NodeFacts, PlanConfig, ServicePlan, plan_service
+from ipvsproxy.core.service_ports import cut
 from ipvsproxy.core.virtual_servers import DestKey, Seen, ServiceKey
 from ipvsproxy.dataplane.blame import Blame
 from ipvsproxy.dataplane.cleanup import remove_ours
@@ -231,7 +232,7 @@ class Dataplane:
         try:
             return plan_service(svc, slices, self.node, self.plan_config)
         except Exception as exc:
-            return replace(EMPTY, error=f"cannot plan: {type(exc).__name__}: {exc}")
+            return replace(EMPTY, error=f"cannot plan: {type(exc).__name__}: {cut(str(exc))}")
 
     @property
     def failed(self) -> dict[str, Failure]:

@@ -1,6 +1,10 @@
 """Kubernetes Events for problems an operator must see: a Service that cannot be programmed, and
-why. Rate-limited per object and reason, and posted from a thread of their own so that an API
-server that is slow or away never holds up a sync."""
+why. Limited per object and reason as client-go's EventSourceObjectSpamFilter limits them per
+source and object (tools/record/events_cache.go): a token bucket of ``BURST`` Events refilled
+at one per ``REFILL`` seconds, kept in an LRU of ``CACHE_SIZE`` entries; and a note repeated
+within ``interval`` is posted once. Nothing of a note is kept, and a note is cut to
+``MAX_NOTE`` bytes. Posted from a thread of their own so that an API server that is slow
+or away never holds up a sync."""
 
 from __future__ import annotations
 
@@ -10,10 +14,59 @@ import queue
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger("ipvsproxy.kube.events")
+
+BURST = 25  # client-go's defaultSpamBurst
+REFILL = 300.0  # seconds per token: client-go's defaultSpamQPS, 1/300
+CACHE_SIZE = 4096  # client-go's maxLruCacheEntries
+MAX_NOTE = 1024  # bytes of UTF-8: the API refuses a longer note (NoteLengthLimit)
+
+
+@dataclass(slots=True)
+class _Record:
+    """What the filter keeps of one (object, reason): its token bucket, and a digest of the
+    last note posted (never the note itself) with when."""
+
+    tokens: float
+    at: float  # when ``tokens`` was last refilled
+    note: int = 0  # hash of the last note posted
+    posted: float = float("-inf")
+
+
+class SpamFilter:
+    """client-go's EventSourceObjectSpamFilter keyed by (object, reason), plus the recorder's
+    own rule that a repeated note waits ``interval``. Holds at most ``size`` records, the least
+    recently used going first (an object forgotten starts again with a full bucket)."""
+
+    def __init__(self, interval: float, burst: int, refill: float, size: int) -> None:
+        self.interval, self.burst, self.refill, self.size = interval, burst, refill, size
+        self.records: OrderedDict[tuple[str, str], _Record] = OrderedDict()
+
+    def allow(self, key: tuple[str, str], note: str, now: float) -> bool:
+        """Whether an Event with ``note`` about ``key`` may be posted now (it is then
+        counted)."""
+        record = self.records.get(key)
+        if record is None:
+            record = self.records[key] = _Record(float(self.burst), now)
+            if len(self.records) > self.size:
+                self.records.popitem(last=False)
+        else:
+            self.records.move_to_end(key)
+        digest = hash(note)
+        if digest == record.note and now - record.posted < self.interval:
+            return False  # the same note again: no token taken
+        record.tokens = min(self.burst, record.tokens + (now - record.at) / self.refill)
+        record.at = now
+        if record.tokens < 1:
+            return False
+        record.tokens -= 1
+        record.note, record.posted = digest, now
+        return True
 
 
 class EventRecorder:
@@ -23,23 +76,28 @@ class EventRecorder:
         node: str,
         interval: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        burst: int = BURST,
+        refill: float = REFILL,
+        size: int = CACHE_SIZE,
     ) -> None:
         self.post = post  # (namespace, events.k8s.io/v1 Event body)
         self.node = node
         self.interval = interval
         self.clock = clock
-        self.last: dict[tuple[str, str, str], float] = {}
+        self.filter = SpamFilter(interval, burst, refill, size)
+        self._lock = threading.Lock()  # guards filter (warn may be called from any thread)
+        self.records = self.filter.records
         self.queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue(maxsize=1000)
         self.thread = threading.Thread(target=self._run, name="events", daemon=True)
         self.thread.start()
 
     def warn(self, service: str, reason: str, note: str) -> bool:
         """Queue a Warning about ``service`` (namespace/name); False if rate-limited."""
-        key = (service, reason, note)
-        now = self.clock()
-        if now - self.last.get(key, -self.interval) < self.interval:
-            return False
-        self.last[key] = now
+        note = note.encode()[:MAX_NOTE].decode(errors="ignore")
+        with self._lock:
+            if not self.filter.allow((service, reason), note, self.clock()):
+                return False
         ns, _, name = service.partition("/")
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         body = {
@@ -51,7 +109,7 @@ class EventRecorder:
             "reportingInstance": f"ipvsproxy-{self.node}",
             "action": "Programming",
             "reason": reason,
-            "note": note[:1024],
+            "note": note,
             "type": "Warning",
             "regarding": {"apiVersion": "v1", "kind": "Service", "namespace": ns, "name": name},
         }

@@ -48,6 +48,8 @@ READ_TIMEOUT = 45.0
 CONNECT_TIMEOUT = 10.0
 LIST_TIMEOUT = 60.0
 SHORT_WATCH = 1.0  # seconds: a watch ending sooner with nothing received is a failure
+RETRY_FIRST = 1.0  # seconds before a change a handler raised on is handed to it again
+RETRY_MAX = 30.0  # the retry's delay doubles up to this while the handler keeps raising
 
 
 class StatusError(Exception):
@@ -81,6 +83,7 @@ class Counters:
     watches: int = 0
     events: int = 0
     bookmarks: int = 0
+    handler_errors: int = 0
 
 
 class Backoff:
@@ -169,9 +172,14 @@ class Informer:
     Invariants:
     - ``cache`` is what the last list returned with every watch event since applied in order;
     - ``on_change(key, old, new)`` runs on the thread that runs ``run``, after the cache
-      changed, with the cached values before and after (None: absent): once per added,
-      modified or deleted event, and after a relist once per object whose resourceVersion
-      differs, never for the others;
+      changed, with the value it was last handed for ``key`` and the cached one (None:
+      absent): once per added, modified or deleted event, and after a relist once per object
+      whose resourceVersion differs, never for the others;
+    - a change ``on_change`` raised on is logged, counted (``on_handler_error(key)``) and kept
+      in ``undelivered`` (key -> the value it was last handed): handed to it again, from that
+      value to the cached one, with the object's next event or relist, or at a retry (after
+      each watch event and at each watch's end, once ``RETRY_FIRST`` seconds passed, doubling
+      to ``RETRY_MAX`` while it keeps raising); the other objects' changes go on;
     - ``synced`` is set once the first list has completed, and stays set;
     - ``run`` never raises and returns only once ``stop`` is set; every list-and-watch cycle
       that ends is followed by a ``backoff`` delay (a watch that ends normally is renewed
@@ -195,6 +203,7 @@ class Informer:
         backoff: Backoff | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], bool] | None = None,
+        on_handler_error: Callable[[str], object] = lambda _key: None,
     ) -> None:
         self.name = name
         self.resource = resource or name  # as RBAC names it, for the 401/403 hint
@@ -202,6 +211,10 @@ class Informer:
         self.transform: Callable[[Obj], Kept] = transform or dict
         self.list_fn = list_fn
         self.on_change = on_change
+        self.on_handler_error = on_handler_error
+        self.undelivered: dict[str, Kept | None] = {}
+        self._retry_delay = RETRY_FIRST
+        self._retry_at = 0.0
         self.stop = stop
         self.page_size = page_size
         self.watch_timeout = watch_timeout
@@ -290,12 +303,47 @@ class Informer:
         self.rv_unavailable = False
         self.counters.lists += 1
         old, self.cache = self.cache, fresh
-        for key in sorted(set(old) | set(fresh)):
+        for key in sorted(set(old) | set(fresh) | set(self.undelivered)):
             before, after = old.get(key), fresh.get(key)
-            if before is None or after is None or _rv(before) != _rv(after):
-                self.on_change(key, before, after)
+            changed = before is None or after is None or _rv(before) != _rv(after)
+            if changed or key in self.undelivered:
+                self._deliver(key, before, after)
         self.resource_version = rv
         self.synced.set()
+
+    # -- handing changes over ------------------------------------------------------------------
+
+    def _deliver(self, key: str, old: Kept | None, new: Kept | None) -> None:
+        """``on_change`` for ``key``, from what it was last handed (``old`` unless a change
+        it raised on is pending) to ``new``; an exception is contained (see the class)."""
+        old = self.undelivered.get(key, old)
+        if old is None and new is None:
+            self.undelivered.pop(key, None)  # it never saw the object, which is gone again
+            return
+        try:
+            self.on_change(key, old, new)
+        except Exception:
+            self.counters.handler_errors += 1
+            log.exception(
+                "%s: handling the change of %s raised; it is handed over again later",
+                self.name, key,
+            )  # fmt: skip
+            self.undelivered[key] = old
+            if self.clock() >= self._retry_at:
+                self._retry_at = self.clock() + self._retry_delay
+                self._retry_delay = min(RETRY_MAX, self._retry_delay * 2)
+            self.on_handler_error(key)
+        else:
+            self.undelivered.pop(key, None)
+            if not self.undelivered:
+                self._retry_delay, self._retry_at = RETRY_FIRST, 0.0
+
+    def _retry(self) -> None:
+        """Hand the pending changes over again, when their retry is due."""
+        if not self.undelivered or self.clock() < self._retry_at:
+            return
+        for key in sorted(self.undelivered):
+            self._deliver(key, self.undelivered[key], self.cache.get(key))
 
     def _get(self, into: dict[str, Kept], **params: Any) -> dict[str, Any]:
         """One list request: each item, as it is decoded, transformed into ``into`` (see
@@ -369,6 +417,7 @@ class Informer:
                 if line:
                     self._event(json.loads(line))
                     received += 1
+                    self._retry()
         except StatusError as exc:
             if _expired(exc):
                 return self._gone(exc)
@@ -381,6 +430,7 @@ class Informer:
             log.info("%s: watch stream ended (%s); resuming", self.name, exc)
         finally:
             resp.release_conn()
+        self._retry()
         if not received and self.clock() - start < SHORT_WATCH:
             raise ShortWatch("the watch closed within a second with nothing received")
         return True
@@ -407,8 +457,8 @@ class Informer:
         old = self.cache.get(key)
         if kind == "DELETED":
             self.cache.pop(key, None)
-            self.on_change(key, old, None)
+            self._deliver(key, old, None)
         else:
             self.cache[key] = self.transform(obj)
-            self.on_change(key, old, self.cache[key])
+            self._deliver(key, old, self.cache[key])
         self.resource_version = rv or self.resource_version

@@ -179,6 +179,12 @@ class Metrics:
             "State file writes that failed (disk full, read-only); syncs go on",
             registry=r,
         )
+        self.informer_handler_errors = Counter(
+            "ipvsproxy_informer_handler_errors",
+            "Changes seen by an informer whose handling raised; each is handed over again",
+            ["informer"],
+            registry=r,
+        )
         self.failed_services = Gauge(
             "ipvsproxy_failed_services",
             "Services with an operation that failed, each retried on its own backoff",

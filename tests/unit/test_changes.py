@@ -104,3 +104,40 @@ def test_a_slice_change_carries_its_trigger_time_and_family(tmp_path: Path) -> N
     sl["metadata"] = {**sl["metadata"], "annotations": {TRIGGER_ANNOTATION: "2026-12-02T15:04:05Z"}}
     proxy.on_slice("default/web-6", None, sl)
     assert proxy.changes.take() == {"default/web": [Trigger(1796223845.0, 6)]}
+
+
+def test_created_and_deleted_services_leave_the_tracker_empty(tmp_path: Path) -> None:
+    """Nothing of a Service outlives it: its object, its slices' bucket and its marks go once
+    it and its slices are deleted and a sync took the marks (deletions in either order)."""
+    proxy = _proxy(tmp_path, (4,))
+    for i in range(200):
+        name, key = f"s{i}", f"default/s{i}"
+        svc = service(name, f"10.96.{i // 250}.{i % 250 + 1}")
+        slices = [endpoint_slice(name, [endpoint("10.244.1.5")], name=f"{name}-{n}") for n in "ab"]
+        proxy.on_service(key, None, svc)
+        for sl in slices:
+            proxy.on_slice(f"default/{sl['metadata']['name']}", None, sl)
+        proxy.apply_changes()
+        if i % 2:
+            proxy.on_service(key, svc, None)
+        for sl in slices:
+            proxy.on_slice(f"default/{sl['metadata']['name']}", sl, None)
+        if not i % 2:
+            proxy.on_service(key, svc, None)
+        proxy.apply_changes()
+    changes = proxy.changes
+    assert (changes.services, changes.slices, changes.dirty) == ({}, {}, {})
+    assert (changes.service_changes, changes.slice_changes) == (set(), 0)
+
+
+def test_a_slice_moved_to_another_service_leaves_the_first(tmp_path: Path) -> None:
+    """A slice whose service-name label changes is the first Service's no more: its bucket
+    goes and both Services are re-planned."""
+    proxy = _proxy(tmp_path, (4,))
+    first = endpoint_slice("a", [endpoint("10.244.1.5")], name="custom")
+    proxy.on_slice("default/custom", None, first)
+    proxy.changes.take()
+    moved = endpoint_slice("b", [endpoint("10.244.1.5")], name="custom")
+    proxy.on_slice("default/custom", first, moved)
+    assert list(proxy.changes.slices) == ["default/b"]
+    assert sorted(proxy.changes.take()) == ["default/a", "default/b"]

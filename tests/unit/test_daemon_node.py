@@ -149,10 +149,10 @@ def test_an_address_notice_replans_the_services_that_read_node_addresses() -> No
     dp.backends.addresses.addresses.append((2, "192.168.56.211"))  # keepalived adds a VIP to eth0
     # kube-ipvs0's own notices (ipvsproxy's binds) are no change of the node's addresses.
     proxy.node.watch_addresses(cast(Any, Notices(proxy, [{9}, set()])))
-    assert not proxy.changes.dirty and not proxy.node.addresses_stale.is_set()
+    assert not proxy.changes.has_work() and not proxy.node.addresses_stale.is_set()
     proxy.stop.clear()
     proxy.node.watch_addresses(cast(Any, Notices(proxy, [{9, 2}])))
-    assert set(proxy.changes.dirty) == {"default/np"} and proxy.node.addresses_stale.is_set()
+    assert proxy.changes.has_work() and proxy.node.addresses_stale.is_set()
     proxy._replan()
     assert list(dp.node.node_ips) == ["10.244.1.1", "192.168.56.11", "192.168.56.211"]
     assert "192.168.56.211" in dp.node.local_addresses  # an externalIP there is not bound
@@ -163,6 +163,20 @@ def test_an_address_notice_replans_the_services_that_read_node_addresses() -> No
     proxy.node.watch_addresses(cast(Any, Notices(proxy, [None])))
     proxy._replan()
     assert dp.node.node_ips == ("10.244.1.1", "192.168.56.11")
+
+
+def test_a_notice_that_changed_no_node_address_replans_nothing() -> None:
+    """A pod's veth coming and going, a DHCP renewal of the same address: the node's addresses
+    are read again at the next sync, and no Service is re-planned since none changed."""
+    proxy, dp = proxy_with([])
+    facts = dp.node
+    dp.backends.addresses.addresses.append((14, "fe80::1"))  # a pod veth's link-local address
+    proxy.node.watch_addresses(cast(Any, Notices(proxy, [{14}, {2}, {2, 14}])))
+    assert proxy.changes.has_work()  # the next sync runs, to read them again
+    proxy._replan()
+    assert not proxy.node.addresses_stale.is_set() and dp.node == facts
+    assert dp.updated == []
+    assert not proxy.changes.has_work()
 
 
 def test_addresses_are_read_again_every_sync_period_without_notices() -> None:

@@ -20,6 +20,7 @@ from ipvsproxy.config import ProxyConfig
 from ipvsproxy.daemon.wiring import informers
 from ipvsproxy.kube import client as kube_client
 from ipvsproxy.kube.informer import Backoff, Informer
+from ipvsproxy.servers.metrics import Metrics
 from lab.cluster.controlplane import ControlPlane
 from tests.unit.fake_apiserver import (
     GONE_EVENT,
@@ -324,7 +325,7 @@ def test_a_silent_watch_is_dropped_after_the_read_timeout_and_resumed(
 
 def test_the_daemon_notices_a_silent_watch_within_a_minute() -> None:
     """The mechanism above, as the daemon configures it."""
-    proxy: Any = type("P", (), {"stop": threading.Event()})()
+    proxy: Any = type("P", (), {"stop": threading.Event(), "metrics": Metrics()})()
     for name in ("on_service", "on_slice", "on_node"):
         setattr(proxy, name, lambda *_a: None)
     infs = informers(ProxyConfig(), object(), proxy, "node-1")

@@ -256,3 +256,12 @@ def test_a_stop_ends_the_wait_for_the_initial_lists() -> None:
     h.clock.at(START + 1, h.stop.set)
     assert not h.runner.wait_until(lambda: False, poll=0.1)
     assert h.syncs == []
+
+
+def test_a_requested_sync_runs_without_a_mark() -> None:
+    """An address notice asks for a sync (which re-reads the node's addresses) without marking
+    any Service: it runs after the min sync period, and only once for a burst of requests."""
+    h = Harness(min_sync_period=10.0)
+    for after in (3, 4, 5):
+        h.clock.at(h.start + after, h.changes.request_sync)
+    assert h.run_until(100) == [(0, "full", []), (10, "changes", [])]
