@@ -20,7 +20,7 @@ from ipvsproxy.core.plan import PlanConfig
 from ipvsproxy.core.service_ports import LABEL_SERVICE_NAME
 from ipvsproxy.core.virtual_servers import ServiceKey, Traffic
 from ipvsproxy.daemon.config_watch import start_config_watch
-from ipvsproxy.daemon.kernel_settings import apply_kernel_settings
+from ipvsproxy.daemon.kernel_settings import KernelSettingsError, apply_kernel_settings
 from ipvsproxy.daemon.node import node_facts, rules_config
 from ipvsproxy.daemon.proxy import Proxy
 from ipvsproxy.dataplane.dataplane import Backends, Dataplane
@@ -196,7 +196,12 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
     backends = open_backends()
     families, unserved = serving_families()
     backends.serve_families(families)
-    apply_kernel_settings(cfg, backends)
+    try:
+        apply_kernel_settings(cfg, backends)
+    except KernelSettingsError as exc:
+        log.error("%s; exiting", exc)
+        backends.close()
+        return 1
     # Before the first read, so no change falls in between.
     events = AddressEvents(ipv6=6 in families)
     # The node IP is provisional until the Node object is listed (wait_for_node).
