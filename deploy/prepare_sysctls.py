@@ -4,17 +4,19 @@ Usage (from entrypoint.sh): ``python3 prepare_sysctls.py HOST_PROC_SYS [ipvsprox
 
 Why this exists: ipvsproxy sets ``net.ipv4.vs.conntrack``, ``expire_nodest_conn``,
 ``expire_quiescent_template``, ``ip_forward`` (and ``conn_reuse_mode``, ``arp_ignore``/
-``arp_announce`` where they apply) on every full sync, and the conntrack limits at start,
-through ``/proc/sys``. Container runtimes mount ``/proc/sys`` read-only in any container that
-is not privileged, whatever its capabilities, so those writes would fail there and every full
-sync with them. The DaemonSet mounts the host's ``/proc/sys/net`` read-write at
-``HOST_PROC_SYS/net`` instead (as Cilium's agent does); this script writes the very values
-ipvsproxy would, computed by ipvsproxy's own functions from the same arguments. ipvsproxy then
-reads them back from ``/proc/sys``, finds them set, and writes nothing.
+``arp_announce`` where they apply), the conntrack timeouts, and raises ``nf_conntrack_max``
+(never lowers it) at start, through ``/proc/sys``. Container runtimes mount ``/proc/sys``
+read-only in any container that is not privileged, whatever its capabilities, so those writes
+would fail there, and ipvsproxy exits when one does (as upstream). The DaemonSet mounts the
+host's ``/proc/sys/net`` read-write at ``HOST_PROC_SYS/net`` instead (as Cilium's agent does);
+this script writes the very values ipvsproxy would, computed by ipvsproxy's own functions from
+the same arguments. ipvsproxy then reads them back from ``/proc/sys``, finds them set, and
+writes nothing. The conntrack hash size is under /sys, not mounted here: ipvsproxy raises it
+itself where it must (deploy/README.md, "Sysctls").
 
 It never stops the start: an invalid configuration is left for ipvsproxy to report (it names
-the field), and a setting that cannot be written is printed and left for ipvsproxy to retry
-(it reports the failure in its own log and metrics).
+the field), and a setting that cannot be written is printed and left to ipvsproxy, which
+exits naming it and why.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ipvsproxy import config
-from ipvsproxy.daemon.kernel_settings import conntrack_sysctls
+from ipvsproxy.daemon.kernel_settings import conntrack_floors, conntrack_sysctls
 from ipvsproxy.kernel.sysctl import Sysctls, required
 
 PREFIX = "ipvsproxy-entrypoint:"
@@ -34,9 +36,11 @@ PREFIX = "ipvsproxy-entrypoint:"
 def wanted(
     cfg: config.ProxyConfig, cores: int, kernel_release: str | None = None
 ) -> dict[str, str]:
-    """Every setting ipvsproxy writes for ``cfg``: the IPVS ones each sync, the conntrack ones
-    at start. The same functions ipvsproxy calls, so the two cannot drift apart."""
-    return {**required(cfg.strict_arp, kernel_release), **conntrack_sysctls(cfg, cores)}
+    """Every setting ipvsproxy writes for ``cfg`` when it differs, and every limit under net/
+    it raises to a floor when it is below (``cores``' nf_conntrack_max): the same functions
+    ipvsproxy calls at start, so the two cannot drift apart."""
+    floors = {n: str(f) for n, f in conntrack_floors(cfg, cores).items() if n.startswith("net/")}
+    return {**floors, **conntrack_sysctls(cfg), **required(cfg.strict_arp, kernel_release)}
 
 
 def load_ipvs() -> None:
@@ -70,13 +74,19 @@ def prepare(
     except OSError as exc:
         print(f"{PREFIX} cannot load ip_vs: {exc}", file=sys.stderr)
     sysctls = Sysctls(root)
+    cores = cores or os.cpu_count() or 1
+    floors = conntrack_floors(cfg, cores)
     written: dict[str, str] = {}
-    for name, value in wanted(cfg, cores or os.cpu_count() or 1, kernel_release).items():
+    for name, value in wanted(cfg, cores, kernel_release).items():
         if not name.startswith("net/"):  # only net/ is mounted from the host
             print(f"{PREFIX} {name} is not under net/, left to ipvsproxy", file=sys.stderr)
             continue
         try:
-            if sysctls.ensure({name: value}):
+            if name in floors:  # a limit: raised, never lowered
+                changed = sysctls.raise_to({name: floors[name]})
+            else:
+                changed = sysctls.ensure({name: value})
+            if changed:
                 written[name] = value
         except OSError as exc:
             print(f"{PREFIX} cannot set {name} = {value}: {exc}", file=sys.stderr)

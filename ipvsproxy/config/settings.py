@@ -354,7 +354,8 @@ SETTINGS = (
             "BIT"),
     Setting("conntrack_max_per_core", ("conntrack", "maxPerCore"), ("--conntrack-max-per-core",),
             _nonnegative_int32,
-            "conntrack entries per CPU core (default 32768; 0 leaves the limit)", "N"),
+            "conntrack entries per CPU core (default 32768; 0 leaves the limit); the node's "
+            "limit is raised to it x CPUs (at most 1048576), never lowered", "N"),
     Setting("conntrack_min", ("conntrack", "min"), ("--conntrack-min",), _nonnegative_int32,
             "the least conntrack entries, whatever the per-core value (default 131072)", "N"),
     Setting("conntrack_tcp_established_timeout", ("conntrack", "tcpEstablishedTimeout"),

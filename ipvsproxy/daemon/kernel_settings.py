@@ -1,23 +1,51 @@
-"""The kernel settings the daemon sets once at start: conntrack limits and IPVS timeouts.
-``deploy/prepare_sysctls.py`` computes the same conntrack values with ``conntrack_sysctls``."""
+"""The kernel settings the daemon sets once at start, in upstream's order: the conntrack limits
+and timeouts (kube-proxy's platformSetup), the sysctls IPVS needs (its NewProxier), the IPVS
+timeouts. ``deploy/prepare_sysctls.py`` computes the same values with these functions."""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from functools import partial
 
 from ipvsproxy.config import ProxyConfig
 from ipvsproxy.dataplane.dataplane import Backends
+from ipvsproxy.kernel.sysctl import HASHSIZE, required
 
 log = logging.getLogger("ipvsproxy")
 
+CONNTRACK_MAX = "net/netfilter/nf_conntrack_max"
+# Upstream's cap on maxPerCore x CPUs (getConntrackMax), against excessive memory use on
+# nodes with many CPUs. conntrack.min is not capped.
+CONNTRACK_MAX_LIMIT = 1048576
 
-def conntrack_sysctls(cfg: ProxyConfig, cores: int) -> dict[str, str]:
-    """Upstream's conntrack settings (0 leaves the kernel's value)."""
+
+class KernelSettingsError(RuntimeError):
+    """A setting the daemon needs that cannot be set: it exits with this reason, as
+    upstream does."""
+
+
+def conntrack_max(cfg: ProxyConfig, cores: int) -> int:
+    """Upstream's nf_conntrack_max for ``cores`` CPUs (0: the kernel's is left alone)."""
+    if cfg.conntrack_max_per_core <= 0:
+        return 0
+    scaled = cfg.conntrack_max_per_core * cores
+    if scaled > CONNTRACK_MAX_LIMIT:
+        return CONNTRACK_MAX_LIMIT
+    return max(scaled, cfg.conntrack_min)
+
+
+def conntrack_floors(cfg: ProxyConfig, cores: int) -> dict[str, int]:
+    """The conntrack limits upstream only ever raises, in its order: nf_conntrack_max, then
+    the hash size to a quarter of it."""
+    limit = conntrack_max(cfg, cores)
+    return {CONNTRACK_MAX: limit, HASHSIZE: limit // 4} if limit else {}
+
+
+def conntrack_sysctls(cfg: ProxyConfig) -> dict[str, str]:
+    """Upstream's conntrack timeouts (0 leaves the kernel's value), written when they differ."""
     values: dict[str, str] = {}
-    if cfg.conntrack_max_per_core > 0:
-        limit = max(cfg.conntrack_max_per_core * cores, cfg.conntrack_min)
-        values["net/netfilter/nf_conntrack_max"] = str(limit)
     for name, seconds in (
         (
             "net/netfilter/nf_conntrack_tcp_timeout_established",
@@ -35,14 +63,32 @@ def conntrack_sysctls(cfg: ProxyConfig, cores: int) -> dict[str, str]:
 
 
 def apply_kernel_settings(cfg: ProxyConfig, backends: Backends) -> None:
-    """Conntrack limits and IPVS timeouts, once at start; a refusal is logged, not fatal
-    (in a network namespace other than the host's, nf_conntrack_max is read-only)."""
-    for name, value in conntrack_sysctls(cfg, os.cpu_count() or 1).items():
+    """Set what the daemon needs, once at start. A conntrack limit or timeout, or a sysctl
+    IPVS needs, that cannot be set raises KernelSettingsError naming it and why (upstream
+    exits); IPVS timeouts that cannot be set are logged only (as upstream)."""
+    sysctls, cores = backends.sysctls, os.cpu_count() or 1
+    steps: list[tuple[str, str, Callable[[], list[str]]]] = [
+        (name, str(floor), partial(sysctls.raise_to, {name: floor}))
+        for name, floor in conntrack_floors(cfg, cores).items()
+    ]
+    steps += [
+        (name, value, partial(sysctls.ensure, {name: value}))
+        for name, value in conntrack_sysctls(cfg).items()
+    ]
+    conntrack = len(steps)
+    steps += [
+        (name, value, partial(sysctls.ensure, {name: value}))
+        for name, value in required(cfg.strict_arp).items()
+    ]
+    for i, (name, value, write) in enumerate(steps):
         try:
-            if backends.sysctls.ensure({name: value}):
+            if write():
                 log.info("set %s = %s", name, value)
         except OSError as exc:
-            log.warning("cannot set %s = %s: %s", name, value, exc)
+            why = f"can't set sysctl {name} to {value}: {exc}"
+            if i < conntrack:
+                why = f"could not set conntrack parameters from kube-proxy configuration: {why}"
+            raise KernelSettingsError(why) from exc
     if cfg.tcp_timeout or cfg.tcp_fin_timeout or cfg.udp_timeout:
         try:
             backends.ipvs.set_timeouts(

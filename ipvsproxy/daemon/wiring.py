@@ -20,7 +20,7 @@ from ipvsproxy.core.plan import PlanConfig
 from ipvsproxy.core.service_ports import LABEL_SERVICE_NAME
 from ipvsproxy.core.virtual_servers import ServiceKey, Traffic
 from ipvsproxy.daemon.config_watch import start_config_watch
-from ipvsproxy.daemon.kernel_settings import apply_kernel_settings
+from ipvsproxy.daemon.kernel_settings import KernelSettingsError, apply_kernel_settings
 from ipvsproxy.daemon.node import node_facts, rules_config
 from ipvsproxy.daemon.proxy import Proxy
 from ipvsproxy.dataplane.dataplane import Backends, Dataplane
@@ -28,6 +28,7 @@ from ipvsproxy.dataplane.statefile import StateLock
 from ipvsproxy.kernel.addresses import AddressEvents
 from ipvsproxy.kernel.families import ipv6_unavailable
 from ipvsproxy.kernel.ipvs import IPVS
+from ipvsproxy.kernel.nftables import NFTables
 from ipvsproxy.kube import client as kube_client
 from ipvsproxy.kube import slim
 from ipvsproxy.kube.credentials import follow_token_file
@@ -72,6 +73,25 @@ def start_server(
 
     threading.Thread(target=again, name=f"start-{what}", daemon=True).start()
     return True
+
+
+def remove_nftables_leftovers(open_nftables: Callable[[], NFTables] = NFTables) -> None:
+    """Delete the tables an nftables-mode kube-proxy left (``ip``/``ip6 kube-proxy``), at
+    start, as upstream's platformCleanup; what fails is logged, never fatal (upstream goes on
+    too)."""
+    try:
+        nft = open_nftables()
+        try:
+            removed, failed = nft.remove_kube_proxy_tables()
+        finally:
+            nft.close()
+    except OSError as exc:
+        log.warning("cannot remove kube-proxy's nftables tables: %s", exc)
+        return
+    for table in removed:
+        log.info("removed kube-proxy's nftables table %s (left by its nftables mode)", table)
+    for why in failed:
+        log.warning("cannot remove kube-proxy's nftables table: %s", why)
 
 
 def set_oom_score_adj(value: int, path: str = "/proc/self/oom_score_adj") -> None:
@@ -199,12 +219,18 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
     # a second instance on the node (a DaemonSet update with maxSurge) waits here for the
     # first to exit; meanwhile the kubelet's probes reach the first one's health port.
     lock = _lock_state(Path(cfg.state_path))
+    remove_nftables_leftovers()
     api = api_client(cfg)
     node_name = cfg.hostname_override or socket.gethostname()
     backends = open_backends()
     families, unserved = serving_families()
     backends.serve_families(families)
-    apply_kernel_settings(cfg, backends)
+    try:
+        apply_kernel_settings(cfg, backends)
+    except KernelSettingsError as exc:
+        log.error("%s; exiting", exc)
+        backends.close()
+        return 1
     # Before the first read, so no change falls in between.
     events = AddressEvents(ipv6=6 in families)
     # The node IP is provisional until the Node object is listed (wait_for_node).

@@ -210,13 +210,20 @@ class ConntrackBackend(Protocol):
 
 
 class SysctlBackend(Protocol):
-    """Kernel settings under /proc/sys, by their path there ("net/ipv4/ip_forward")."""
+    """Kernel settings under /proc/sys, by their path there ("net/ipv4/ip_forward"), and the
+    conntrack hash size, by its path under /sys (``sysctl.HASHSIZE``)."""
 
     counters: Counters
 
-    def read(self, names: Mapping[str, str]) -> dict[str, str]:
+    def read(self, names: Mapping[str, object]) -> dict[str, str]:
         """The current value of each of ``names`` (its keys); a setting the kernel does not
         have raises OSError."""
+        ...
+
+    def raise_to(self, floors: Mapping[str, int]) -> list[str]:
+        """Write each of ``floors`` whose setting is below it (or cannot be read), in order,
+        never lowering one; returns the names written. A write refused raises OSError, and
+        those before it stay written."""
         ...
 
     def ensure(self, values: Mapping[str, str]) -> list[str]:

@@ -71,8 +71,8 @@ class IPSets:
         seq = self.sock.next_seq()
         types = {name: spec.type for name, spec in ipset_specs.BY_NAME.items()}
         for msg in self.sock.dump(ipset_messages.list_request(seq), seq):
-            parsed = ipset_messages.parse_list(msg, types)
-            if parsed is None or parsed[0] not in ipset_specs.NAMES:
+            parsed = ipset_messages.parse_list(msg, types, ipset_specs.NAMES)
+            if parsed is None:
                 continue
             name, set_type, members = parsed
             types[name] = set_type

@@ -1,4 +1,5 @@
-"""Kernel settings IPVS forwarding needs, written only when they differ (upstream's list)."""
+"""Kernel settings IPVS forwarding needs, written only when they differ (upstream's list), and
+limits that are only ever raised (the conntrack table's)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 from ipvsproxy.kernel.errors import Counters
 
 PROC = Path("/proc/sys")
+# The conntrack hash table's size: a module parameter, not under /proc/sys; named by its path.
+HASHSIZE = "/sys/module/nf_conntrack/parameters/hashsize"
 
 
 def required(strict_arp: bool, kernel_release: str | None = None) -> dict[str, str]:
@@ -51,19 +54,23 @@ def not_as_expected(name: str, value: str, wanted: str) -> str:
 
 
 class Sysctls:
-    """Kernel settings, as the files under ``root`` (/proc/sys).
+    """Kernel settings, as the files under ``root`` (/proc/sys; a name that is an absolute
+    path, ``HASHSIZE``, is that file).
 
     Owns ``counters``; holds no values. ``ensure`` reads the settings it is given, writes
-    only those that differ and returns their names; a write the kernel refuses raises
-    OSError at that setting (those before it stay written). Nothing else is read or
-    written."""
+    only those that differ and returns their names; ``raise_to`` writes only those below their
+    floor. A write the kernel refuses raises OSError at that setting (those before it stay
+    written). Nothing else is read or written."""
 
     def __init__(self, root: Path = PROC) -> None:
         self.root = root
         self.counters = Counters()
 
-    def read(self, names: Mapping[str, str]) -> dict[str, str]:
-        return {n: (self.root / n).read_text().strip() for n in names}
+    def _path(self, name: str) -> Path:
+        return Path(name) if name.startswith("/") else self.root / name
+
+    def read(self, names: Mapping[str, object]) -> dict[str, str]:
+        return {n: self._path(n).read_text().strip() for n in names}
 
     def ensure(self, values: Mapping[str, str]) -> list[str]:
         """Set what differs; return the names written."""
@@ -71,7 +78,35 @@ class Sysctls:
         written = []
         for name, value in values.items():
             if current[name] != value:
-                (self.root / name).write_text(value)
-                self.counters.count("sysctl", True)
+                self._write(name, value)
                 written.append(name)
         return written
+
+    def raise_to(self, floors: Mapping[str, int]) -> list[str]:
+        """Set each setting below its floor (or unreadable) to the floor, in order; never
+        lower one; return the names written."""
+        written = []
+        for name, floor in floors.items():
+            if below(self._current(name), floor):
+                self._write(name, str(floor))
+                written.append(name)
+        return written
+
+    def _current(self, name: str) -> str | None:
+        try:
+            return self._path(name).read_text().strip()
+        except OSError:
+            return None
+
+    def _write(self, name: str, value: str) -> None:
+        self._path(name).write_text(value)
+        self.counters.count("sysctl", True)
+
+
+def below(current: str | None, floor: int) -> bool:
+    """Whether a limit reading ``current`` (None: unreadable) must be raised to ``floor``: as
+    upstream, one that cannot be read is written."""
+    try:
+        return current is None or int(current) < floor
+    except ValueError:
+        return True

@@ -198,8 +198,8 @@ def _read_ipsets() -> tuple[dict[str, set[str]], str | None]:
             return ipsets.read(), None
         finally:
             ipsets.close()
-    except OSError as exc:
-        return {}, str(exc)
+    except Exception as exc:  # reported in its part of the output, never a traceback
+        return {}, str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
 
 
 def _save(save: str, table: str) -> str:

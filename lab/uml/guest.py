@@ -104,6 +104,7 @@ IPTABLES_SHIMS = {
 }
 
 GUEST_BIN = "/run/lab-bin"
+CONNTRACK_MAX = 262144
 GUEST_MODROOT = "/run/modroot"
 
 
@@ -195,6 +196,11 @@ def _setup_script(release: str, modules: Sequence[str]) -> str:
     lines += [f"ln -s /usr/sbin/{dst} {GUEST_BIN}/{src}" for src, dst in IPTABLES_SHIMS.items()]
     if modules:
         lines.append(f"/sbin/modprobe -d {GUEST_MODROOT} -a {' '.join(modules)}")
+    if "nf_conntrack" in modules:
+        # The conntrack limit is global, read-only in the node namespaces, and one that the
+        # proxy cannot raise is fatal (upstream's and ipvsproxy's): the kernel's own default on
+        # a node of more than 4 GiB, above what upstream's defaults compute for the guest's CPU.
+        lines.append(f"echo {CONNTRACK_MAX} > /proc/sys/net/netfilter/nf_conntrack_max")
     lines += ["ip link set lo up"]
     return "\n".join(lines) + "\n"
 

@@ -402,6 +402,40 @@ def test_an_invalid_configuration_touches_nothing(
     assert not (tmp_path / "s.json").exists()
 
 
+def test_a_conntrack_limit_it_cannot_raise_stops_the_start_with_the_reason(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    """A limit above the kernel's that cannot be written (nf_conntrack_max is read-only in a
+    network namespace) is fatal, as upstream's platformSetup: exit 1 naming the setting and
+    why, before anything is programmed; the kernel's limit as it was."""
+    node = lab_cluster.nodes[2]
+    limit = netns.read_sysctl(node.netns, "net.netfilter.nf_conntrack_max")
+    before = node_dump(lab_cluster, node)
+    proc = lab_cluster.exec(
+        node.netns,
+        "timeout",  # a daemon that went on would wait for its API server for good
+        "120",
+        sys.executable,
+        "-m",
+        "ipvsproxy",
+        "run",
+        "--master",
+        "http://127.0.0.1:1",
+        "--state-file",
+        str(tmp_path / "s.json"),
+        "--conntrack-min",
+        str(int(limit) + 1),
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (
+        "could not set conntrack parameters from kube-proxy configuration: can't set sysctl "
+        f"net/netfilter/nf_conntrack_max to {int(limit) + 1}: [Errno 13] Permission denied"
+    ) in proc.stderr, proc.stderr
+    assert node_dump(lab_cluster, node) == before
+    assert netns.read_sysctl(node.netns, "net.netfilter.nf_conntrack_max") == limit
+
+
 def test_a_config_file_change_stops_the_daemon_and_leaves_the_dataplane(
     lab_cluster: Cluster, kube: LabKube, tmp_path: Path
 ) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -63,6 +65,72 @@ def test_node_port_from_outside_is_masqueraded(lab_cluster: Cluster, tmp_path: P
         seen = {a["pod"]: client_ip(a) for a in answers}
         # SNAT to node-1's address towards each backend (cni0 locally, eth0 to node-2).
         assert seen == {"pod-1-1": n1.gateway, "pod-2-1": n1.ip}
+
+
+# Other owners' sets of every type ipvsproxy does not use, with members: Calico's masquerade
+# pools (hash:net), and the rest.
+FOREIGN_SETS = {
+    "cali40masq-ipam-pools": ("hash:net", "", ["10.244.0.0/16", "192.168.0.0/16"]),
+    "foreign-net-iface": ("hash:net,iface", "", ["10.0.0.0/8,eth0"]),
+    "foreign-mac": ("hash:mac", "", ["00:11:22:33:44:55"]),
+    "foreign-bitmap-ip": ("bitmap:ip", "range 10.1.0.0/24", ["10.1.0.5"]),
+    "foreign-list": ("list:set", "", ["cali40masq-ipam-pools"]),
+}
+
+
+def foreign_sets(cluster: Cluster, ns: str) -> dict[str, str]:
+    """Each foreign set's ``ipset save`` lines (its members), by name."""
+    saved = sh(cluster, ns, "ipset save")
+    return {
+        name: "\n".join(ln for ln in saved.splitlines() if f" {name} " in f"{ln} ")
+        for name in FOREIGN_SETS
+    }
+
+
+def test_foreign_ipsets_of_other_types_do_not_stop_programming(
+    lab_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Sets ipvsproxy cannot decode beside its own: the ipsets are read, the rules written,
+    NodePort traffic masqueraded, ``status --all`` reports ipvsproxy's sets, and cleanup leaves
+    the foreign sets and their members as they were."""
+    n1 = lab_cluster.node("node-1")
+    for name, (kind, params, members) in FOREIGN_SETS.items():
+        sh(lab_cluster, n1.netns, f"ipset create {name} {kind} {params}")
+        for member in members:
+            sh(lab_cluster, n1.netns, f"ipset add {name} {member}")
+    before = foreign_sets(lab_cluster, n1.netns)
+    try:
+        backends = [n1.pods[0], lab_cluster.node("node-2").pods[0]]
+        sl = endpoint_slice("np", [endpoint(p.ip, p.node) for p in backends])
+        with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+            program(ndp, (np_service("np", "10.96.1.9", 30089), [sl]))
+            assert ndp.run(lambda dp: dp.reconcile()).errors == []
+            answers = [netns.tcp_request("external", n1.ip, 30089) for _ in range(4)]
+            seen = {a["pod"]: client_ip(a) for a in answers}
+            assert seen == {"pod-1-1": n1.gateway, "pod-2-1": n1.ip}
+            proc = lab_cluster.exec(
+                n1.netns,
+                sys.executable,
+                "-m",
+                "ipvsproxy",
+                "status",
+                "--state-file",
+                str(tmp_path / "s.json"),
+                "--all",
+                "-o",
+                "json",
+                check=False,
+            )
+            assert proc.returncode == 0, proc.stderr
+            part = json.loads(proc.stdout)["all"]["ipsets"]
+            assert part["error"] is None, part  # (no daemon here: no drift to compare)
+            sets = {e["name"]: e["members"] for e in part["sets"]}
+            assert sets["KUBE-CLUSTER-IP"] == 1 and sets["KUBE-NODE-PORT-TCP"] == 1, sets
+            assert not set(FOREIGN_SETS) & set(sets)
+        assert foreign_sets(lab_cluster, n1.netns) == before  # cleanup left them
+    finally:
+        for name in reversed(FOREIGN_SETS):  # the list:set first: it holds another
+            sh(lab_cluster, n1.netns, f"ipset destroy {name}", check=False)
 
 
 def test_external_traffic_policy_local(lab_cluster: Cluster, tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ from ipvsproxy.dataplane.dataplane import Dataplane
 from ipvsproxy.kernel.backends import Backends
 from ipvsproxy.kernel.errors import ApplyError
 from ipvsproxy.kernel.fakes import FakeBackends, fake_backends
-from ipvsproxy.kernel.sysctl import required
+from ipvsproxy.kernel.sysctl import HASHSIZE, required
 from lab.net import netns
 from lab.net.node_dataplane import CLUSTER_CIDR, node_dataplane, sh
 from lab.net.topology import Cluster, Node
@@ -408,6 +408,24 @@ def test_sysctls_are_written_when_they_differ(side: Side) -> None:
             side.run(lambda: sysctls.read({"net/ipv4/vs/no_such_setting": "1"}))
     finally:
         side.run(lambda: sysctls.ensure(before))
+
+
+def test_conntrack_limits_are_raised_never_lowered(side: Side) -> None:
+    """Limits at or above their floor are left (also the read-only nf_conntrack_max of a
+    network namespace, and the hash size); one below its floor that cannot be written raises
+    OSError, the kernel's value kept."""
+    sysctls = side.backends.sysctls
+    limits = {"net/netfilter/nf_conntrack_max": 0, HASHSIZE: 0}
+    now = {n: int(v) for n, v in side.run(lambda: sysctls.read(limits)).items()}
+    assert side.run(lambda: sysctls.raise_to(now)) == []
+    assert side.run(lambda: sysctls.raise_to({n: v // 2 for n, v in now.items()})) == []
+    name = "net/netfilter/nf_conntrack_max"
+    if side.fake is not None:  # read-only, as in a network namespace
+        side.fake.sysctls.refuse(errno.EACCES, name.__eq__)
+    with pytest.raises(OSError):
+        side.run(lambda: sysctls.raise_to({name: now[name] + 1}))
+    assert side.run(lambda: sysctls.read(limits)) == {n: str(v) for n, v in now.items()}
+    assert sysctls.counters.ok == {}
 
 
 # -- one dataplane story on both -----------------------------------------------------------------

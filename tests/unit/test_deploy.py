@@ -1103,12 +1103,28 @@ def test_prepare_sysctls_follows_the_kernel_and_reports_what_it_cannot_set(
     argv = daemonset_argv(docs["DaemonSet"], docs["ConfigMap"], tmp_path / "cfg")
     values = {k: v for k, v in HOST_VALUES.items() if "nf_conntrack_max" not in k}
     root = fake_proc_sys(tmp_path / "sys", values)
+    (root / "net/netfilter/nf_conntrack_max").mkdir()  # neither readable nor writable
     written = prepare_sysctls.prepare(
         root, argv, cores=1, kernel_release="5.4.0", load=lambda: None
     )
     assert written["net/ipv4/vs/conn_reuse_mode"] == "0"  # kernels before 5.9 (#93297)
     assert "net/netfilter/nf_conntrack_max" not in written
     assert "cannot set net/netfilter/nf_conntrack_max = 131072" in capsys.readouterr().err
+
+
+def test_prepare_sysctls_never_lowers_nf_conntrack_max(tmp_path: Path) -> None:
+    """A node tuned above what the configuration computes keeps its limit (as upstream's
+    setSysctls); one below it is raised, capped at 1,048,576."""
+    docs = docs_by_kind()
+    argv = daemonset_argv(docs["DaemonSet"], docs["ConfigMap"], tmp_path / "cfg")
+    tuned = {**HOST_VALUES, "net/netfilter/nf_conntrack_max": "1048576"}
+    root = fake_proc_sys(tmp_path / "tuned", tuned)
+    written = prepare_sysctls.prepare(root, argv, cores=4, load=lambda: None)
+    assert "net/netfilter/nf_conntrack_max" not in written
+    assert (root / "net/netfilter/nf_conntrack_max").read_text().strip() == "1048576"
+    root = fake_proc_sys(tmp_path / "big", HOST_VALUES)
+    written = prepare_sysctls.prepare(root, argv, cores=64, load=lambda: None)
+    assert written["net/netfilter/nf_conntrack_max"] == "1048576"  # not 32768 x 64
 
 
 def test_prepare_sysctls_leaves_an_invalid_configuration_to_ipvsproxy(

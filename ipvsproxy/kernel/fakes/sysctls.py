@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 
 from ipvsproxy.kernel.fakes.faults import FakeBackend
+from ipvsproxy.kernel.sysctl import HASHSIZE, below
 
 # A fresh node's kernel: ip_vs just loaded, conntrack at its own defaults.
 FRESH_NODE = {
@@ -18,7 +19,8 @@ FRESH_NODE = {
     "net/ipv4/conf/all/arp_ignore": "0",
     "net/ipv4/conf/all/arp_announce": "0",
     "net/ipv6/conf/all/forwarding": "1",  # as a Kubernetes node has it (kubeadm checks it)
-    "net/netfilter/nf_conntrack_max": "65536",
+    "net/netfilter/nf_conntrack_max": "65536",  # a node of 1 to 4 GiB: the kernel's default
+    HASHSIZE: "65536",
     "net/netfilter/nf_conntrack_tcp_timeout_established": "432000",
     "net/netfilter/nf_conntrack_tcp_timeout_close_wait": "60",
     "net/netfilter/nf_conntrack_udp_timeout": "30",
@@ -35,7 +37,7 @@ class FakeSysctls(FakeBackend[str]):
         super().__init__()
         self.values = dict(values)
 
-    def read(self, names: Mapping[str, str]) -> dict[str, str]:
+    def read(self, names: Mapping[str, object]) -> dict[str, str]:
         self.on_call("read", names)
         missing = [n for n in names if n not in self.values]
         if missing:
@@ -49,10 +51,23 @@ class FakeSysctls(FakeBackend[str]):
         written = []
         for name, value in values.items():
             if current[name] != value:
-                refused = self._refused(name)
-                if refused:
-                    raise OSError(refused, os.strerror(refused), f"/proc/sys/{name}")
-                self.values[name] = value
-                self.counters.count("sysctl", True)
+                self._write(name, value)
                 written.append(name)
         return written
+
+    def raise_to(self, floors: Mapping[str, int]) -> list[str]:
+        self.on_call("raise_to", floors)
+        written = []
+        for name, floor in floors.items():
+            if below(self.values.get(name), floor):
+                self._write(name, str(floor))
+                written.append(name)
+        return written
+
+    def _write(self, name: str, value: str) -> None:
+        refused = self._refused(name)
+        if refused:
+            path = name if name.startswith("/") else f"/proc/sys/{name}"
+            raise OSError(refused, os.strerror(refused), path)
+        self.values[name] = value
+        self.counters.count("sysctl", True)

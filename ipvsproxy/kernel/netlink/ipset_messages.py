@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import socket
 import struct
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 
 from ipvsproxy.kernel.netlink import codec
 
@@ -196,9 +196,24 @@ def _address(data: bytes, span: tuple[int, int]) -> str:
     return socket.inet_ntop(socket.AF_INET, codec.get_bytes(data, inner[IPADDR_IPV4])[:4])
 
 
-def entry_text(set_type: str, data: bytes, span: tuple[int, int]) -> str:
-    """One member (an IPSET_ATTR_DATA of a list reply) in ipset's text form."""
-    a = codec.attrs_of(data, span[0], span[1])
+# The member shapes of ipvsproxy's set types, the only ones decoded.
+SHAPES = frozenset(
+    {"bitmap:port", "hash:ip", "hash:ip,port", "hash:ip,port,ip", "hash:ip,port,net"}
+)
+
+
+def entry_text(set_type: str, data: bytes, span: tuple[int, int]) -> str | None:
+    """One member (an IPSET_ATTR_DATA of a list reply) in ipset's text form; None for a member
+    not of one of ``SHAPES`` (another type, or an attribute missing), which is skipped."""
+    if set_type not in SHAPES:
+        return None
+    try:
+        return _entry_text(set_type, data, codec.attrs_of(data, span[0], span[1]))
+    except (KeyError, IndexError, struct.error, ValueError):
+        return None
+
+
+def _entry_text(set_type: str, data: bytes, a: dict[int, tuple[int, int]]) -> str:
     if set_type == "bitmap:port":
         return str(struct.unpack_from("!H", data, a[DATA_PORT][0])[0])
     ip = _address(data, a[DATA_IP])
@@ -217,9 +232,11 @@ def entry_text(set_type: str, data: bytes, span: tuple[int, int]) -> str:
 
 
 def parse_list(
-    msg: codec.Message, known_types: Mapping[str, str]
+    msg: codec.Message, known_types: Mapping[str, str], ours: Container[str]
 ) -> tuple[str, str, list[str]] | None:
-    """(set name, type, members) from one list reply.
+    """(set name, type, members) from one list reply of a set named in ``ours``; None for any
+    other set, whose members (of any type) are never decoded. Members of a shape not in
+    ``SHAPES`` (a set of ours someone made of another type) are skipped.
 
     A large set spans several replies and only the first carries the type (the kernel's
     ip_set_dump_do puts the header in the first message of a set only): the type of a set
@@ -230,6 +247,8 @@ def parse_list(
     if ATTR_SETNAME not in top:
         return None
     name = codec.get_str(msg.data, top[ATTR_SETNAME])
+    if name not in ours:
+        return None
     if ATTR_TYPENAME in top:
         set_type = codec.get_str(msg.data, top[ATTR_TYPENAME])
     elif name in known_types:
@@ -240,6 +259,7 @@ def parse_list(
     if ATTR_ADT in top:
         adt = top[ATTR_ADT]
         for kind, span in codec.iter_attrs(msg.data, adt[0], adt[1]):
-            if kind == ATTR_DATA:
-                members.append(entry_text(set_type, msg.data, span))
+            text = entry_text(set_type, msg.data, span) if kind == ATTR_DATA else None
+            if text is not None:
+                members.append(text)
     return name, set_type, members
