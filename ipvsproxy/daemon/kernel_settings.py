@@ -4,6 +4,7 @@ timeouts. ``deploy/prepare_sysctls.py`` computes the same values with these func
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from functools import partial
 
 from ipvsproxy.config import ProxyConfig
 from ipvsproxy.dataplane.dataplane import Backends
+from ipvsproxy.kernel.interfaces import SysctlBackend
 from ipvsproxy.kernel.sysctl import HASHSIZE, required
 
 log = logging.getLogger("ipvsproxy")
@@ -62,10 +64,28 @@ def conntrack_sysctls(cfg: ProxyConfig) -> dict[str, str]:
     return values
 
 
+def _hash_size_left(sysctls: SysctlBackend, wanted: str) -> None:
+    """A hash size below its floor on a read-only /sys (this pod is not privileged): left as
+    it is, with a warning. Lookups in a small table are slower; a proxy that exits serves
+    nothing."""
+    try:
+        current = sysctls.read({HASHSIZE: wanted})[HASHSIZE]
+    except OSError:
+        current = "unknown"
+    log.warning(
+        "conntrack hash size %s is %s, below %s (a quarter of nf_conntrack_max), and /sys is "
+        'read-only here: left as it is; raise it on the node (deploy/README.md, "Sysctls")',
+        HASHSIZE,
+        current,
+        wanted,
+    )
+
+
 def apply_kernel_settings(cfg: ProxyConfig, backends: Backends) -> None:
     """Set what the daemon needs, once at start. A conntrack limit or timeout, or a sysctl
     IPVS needs, that cannot be set raises KernelSettingsError naming it and why (upstream
-    exits); IPVS timeouts that cannot be set are logged only (as upstream)."""
+    exits), but for the hash size on a read-only /sys (warned, see ``_hash_size_left``); IPVS
+    timeouts that cannot be set are logged only (as upstream)."""
     sysctls, cores = backends.sysctls, os.cpu_count() or 1
     steps: list[tuple[str, str, Callable[[], list[str]]]] = [
         (name, str(floor), partial(sysctls.raise_to, {name: floor}))
@@ -85,6 +105,9 @@ def apply_kernel_settings(cfg: ProxyConfig, backends: Backends) -> None:
             if write():
                 log.info("set %s = %s", name, value)
         except OSError as exc:
+            if name == HASHSIZE and exc.errno == errno.EROFS:
+                _hash_size_left(sysctls, value)
+                continue
             why = f"can't set sysctl {name} to {value}: {exc}"
             if i < conntrack:
                 why = f"could not set conntrack parameters from kube-proxy configuration: {why}"

@@ -158,3 +158,28 @@ def test_a_sysctl_that_cannot_be_written_stops_the_start_with_its_reason(
     kernel = fake_backends()
     kernel.ipvs.raise_from("set_timeouts", OSError(errno.EPERM, "Operation not permitted"))
     apply_kernel_settings(build(None, ["--ipvs-tcp-timeout", "900s"]), kernel)
+
+
+def test_a_read_only_sys_leaves_the_hash_size_with_a_warning(
+    monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pod is not privileged, so /sys is read-only (EROFS): a hash size that should be
+    raised is left as it is with a warning naming it, where upstream's privileged pod raises
+    it; the start goes on (a small hash table slows lookups, a proxy that exits serves none),
+    and every other setting is still made."""
+    import errno
+
+    from ipvsproxy.daemon.kernel_settings import apply_kernel_settings
+    from ipvsproxy.kernel.fakes import fake_backends
+
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    kernel = fake_backends()
+    kernel.sysctls.values[HASHSIZE] = "16384"  # below 131072 / 4
+    kernel.sysctls.refuse(errno.EROFS, HASHSIZE.__eq__, times=None)
+    apply_kernel_settings(build(None, []), kernel)
+    assert kernel.sysctls.values[HASHSIZE] == "16384"
+    assert kernel.sysctls.values[MAX] == "131072"
+    assert kernel.sysctls.values["net/ipv4/vs/conntrack"] == "1"
+    assert kernel.sysctls.values["net/ipv4/ip_forward"] == "1"
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(HASHSIZE in m and "32768" in m and "16384" in m for m in warned), warned
