@@ -76,38 +76,60 @@ class Budget:
         return self.examined < self.bounds.examined and self.deleted < self.bounds.deleted
 
 
+Group = dict[Endpoint, tuple[ServiceKey, Stale]]  # targets by destination (address, port)
+
+
 def sweep(
-    flows: Iterable[Flow | None], target: ServiceKey, why: Stale, budget: Budget
-) -> tuple[list[Flow], bool]:
-    """The stale entries to ``target`` (UDP, its address and port) among ``flows``, read one
-    at a time; stops when ``budget``'s deletions are spent. Returns them, and whether
-    ``flows`` was read to its end. An entry without addresses (None) is skipped."""
-    doomed: list[Flow] = []
-    to = (target.address, target.port)
+    flows: Iterable[Flow | None], group: Group, budget: Budget
+) -> tuple[list[tuple[ServiceKey, Flow]], bool]:
+    """The stale entries (UDP, to a target's address and port) among ``flows``, read one at a
+    time, each with its target; stops when ``budget``'s deletions are spent. Returns them, and
+    whether ``flows`` was read to its end. An entry without addresses (None) is skipped."""
+    doomed: list[tuple[ServiceKey, Flow]] = []
     udp = socket.IPPROTO_UDP
     for flow in flows:
         budget.examined += 1
-        if flow is None or flow.destination != to or flow.protocol != udp:
+        if flow is None or flow.protocol != udp:
             continue
+        hit = group.get(flow.destination)
+        if hit is None:
+            continue
+        key, why = hit
         if stale(flow.answered_by, why.live, why.gone):
-            doomed.append(flow)
+            doomed.append((key, flow))
             budget.deleted += 1
             if budget.deleted >= budget.bounds.deleted:
                 return doomed, False
     return doomed, True
 
 
+def spelled(address: str) -> str:
+    """``address`` as the kernel's are read (inet_ntop); OSError for no address."""
+    fam = family(address)
+    return socket.inet_ntop(fam, socket.inet_pton(fam, address))
+
+
 def canonical(why: Stale) -> Stale:
-    """``why`` with its addresses spelled as the kernel's are read (inet_ntop)."""
+    """``why`` with its addresses spelled as the kernel's are read."""
+    return Stale({(spelled(a), p) for a, p in why.live}, {(spelled(a), p) for a, p in why.gone})
 
-    def spell(endpoints: Collection[Endpoint]) -> set[Endpoint]:
-        out = set()
-        for address, port in endpoints:
-            fam = family(address)
-            out.add((socket.inet_ntop(fam, socket.inet_pton(fam, address)), port))
-        return out
 
-    return Stale(spell(why.live), spell(why.gone))
+def groups(
+    targets: Mapping[ServiceKey, Stale],
+) -> tuple[dict[tuple[int, int], Group], dict[ServiceKey, Exception]]:
+    """The targets by (address family, port), each group one dump (a NodePort's virtual
+    servers, one per node address, share theirs); and the targets whose addresses are none."""
+    out: dict[tuple[int, int], Group] = {}
+    bad: dict[ServiceKey, Exception] = {}
+    for key in sorted(targets):
+        try:
+            to = (spelled(key.address), key.port)
+            why = canonical(targets[key])
+        except (OSError, ValueError) as exc:
+            bad[key] = exc
+            continue
+        out.setdefault((family(key.address), key.port), {})[to] = (key, why)
+    return out, bad
 
 
 class Conntrack:
@@ -115,12 +137,13 @@ class Conntrack:
     at first use and kept until ``close`` (or until a dump is left unread: its replies go with
     it).
 
-    Owns that socket and ``counters``; holds no table. Each target is one dump filtered in the
-    kernel (ct_messages.dump_request), decoded one entry at a time as it arrives; its stale
-    entries are then deleted in batches (each request names the entry's id: one that changed
-    meanwhile is not touched). A call's work is bounded by ``bounds``; ``examined`` counts
-    every entry Python received. A delete that fails (an entry gone meanwhile) is counted as
-    failed and skipped; a dump the kernel refuses fails that target."""
+    Owns that socket and ``counters``; holds no table. The targets of one address family and
+    port are one dump filtered in the kernel (ct_messages.dump_request: by UDP and the port,
+    and by the address for one IPv4 target), decoded one entry at a time as it arrives; the
+    stale entries are then deleted in batches (each request names the entry's id: one that
+    changed meanwhile is not touched). A call's work is bounded by ``bounds``, a group at a
+    time; ``examined`` counts every entry Python received. A delete that fails (an entry gone
+    meanwhile) is counted as failed and skipped; a dump the kernel refuses fails its group."""
 
     def __init__(
         self, bounds: Bounds = DEFAULT_BOUNDS, open_socket: Callable[[], Channel] | None = None
@@ -148,47 +171,54 @@ class Conntrack:
         went for each, Unfinished for those the bounds stopped or left, or the error that
         failed it."""
         budget = Budget(self.bounds)
-        outcomes: dict[ServiceKey, int | Unfinished | Exception] = {}
-        for target in sorted(targets):
+        by_port, bad = groups(targets)
+        outcomes: dict[ServiceKey, int | Unfinished | Exception] = dict(bad)
+        for (fam, port), group in by_port.items():
+            keys = [key for key, _ in group.values()]
             if not budget.may_begin():
-                outcomes[target] = Unfinished(0)
+                outcomes.update(dict.fromkeys(keys, Unfinished(0)))
                 continue
             try:
-                outcomes[target] = self._flush(target, canonical(targets[target]), budget)
-            except Exception as exc:  # the dump: NetlinkError, or a bad address
+                outcomes.update(self._flush(fam, port, group, budget))
+            except Exception as exc:  # the dump: NetlinkError
                 self.close()
-                outcomes[target] = exc
+                outcomes.update(dict.fromkeys(keys, exc))
         return outcomes
 
-    def _flush(self, target: ServiceKey, why: Stale, budget: Budget) -> int | Unfinished:
-        fam = family(target.address)
+    def _flush(
+        self, fam: int, port: int, group: Group, budget: Budget
+    ) -> dict[ServiceKey, int | Unfinished]:
         sock = self._socket()
         seq = sock.next_seq()
-        request = ct_messages.dump_request(
-            fam, seq, target.address, target.port, socket.IPPROTO_UDP
-        )
+        (only, _), *more = group
+        address = only if not more else None
+        request = ct_messages.dump_request(fam, seq, address, port, socket.IPPROTO_UDP)
         before = budget.examined
         flows = (ct_messages.flow(msg) for msg in sock.dump(request, seq))
         try:
-            doomed, finished = sweep(flows, target, why, budget)
+            doomed, finished = sweep(flows, group, budget)
         finally:
             self.examined += budget.examined - before
         if not finished:
             self.close()  # the dump's unread replies go with its socket
         deleted = self._delete(fam, doomed)
-        return deleted if finished else Unfinished(deleted)
+        return {
+            key: deleted.get(key, 0) if finished else Unfinished(deleted.get(key, 0))
+            for key, _ in group.values()
+        }
 
-    def _delete(self, fam: int, doomed: list[Flow]) -> int:
-        """Delete ``doomed`` in batches; how many went."""
+    def _delete(self, fam: int, doomed: list[tuple[ServiceKey, Flow]]) -> dict[ServiceKey, int]:
+        """Delete ``doomed`` in batches; how many went of each target."""
+        deleted: dict[ServiceKey, int] = {}
         if not doomed:
-            return 0
+            return deleted
         sock = self._socket()
         requests = []
-        for flow in doomed:
+        for _, flow in doomed:
             seq = sock.next_seq()
             requests.append((seq, ct_messages.delete_request(fam, seq, flow)))
-        deleted = 0
-        for outcome in sock.execute(requests):  # refused: ENOENT, gone or changed meanwhile
+        outcomes = sock.execute(requests)  # refused: ENOENT, gone or changed meanwhile
+        for (key, _), outcome in zip(doomed, outcomes, strict=True):
             self.counters.count("delete_conntrack", outcome.ok)
-            deleted += outcome.ok
+            deleted[key] = deleted.get(key, 0) + outcome.ok
         return deleted

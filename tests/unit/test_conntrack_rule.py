@@ -150,3 +150,19 @@ def test_an_entry_without_a_readable_destination_is_skipped_not_fatal() -> None:
     out = backend(kernel).flush_stale({DNS: Stale({A}), OTHER: Stale({A})})
     assert out == {DNS: 1, OTHER: 0}
     assert sum(len(b) for b in kernel.batches) == 1
+
+
+def test_targets_on_one_port_are_one_dump_filtered_by_the_port() -> None:
+    """A NodePort's virtual servers (one per node address) share a port, as DNS Services
+    do: one dump filtered in the kernel by UDP and the port, not one per address; each
+    address's entries are matched to its own virtual server, another host's stay."""
+    node_ips = ("192.168.56.11", "10.1.0.11")
+    keys = [ServiceKey(ip, Protocol.UDP, 30053) for ip in node_ips]
+    table = [entry((ip, 30053), ("10.244.9.9", 53)) for ip in node_ips]
+    table += [entry(("192.168.56.99", 30053), ("10.244.9.9", 53))]  # through the node
+    kernel = Kernel(table)
+    out = backend(kernel).flush_stale(dict.fromkeys(keys, Stale({A})))
+    assert out == dict.fromkeys(keys, 1)
+    (dump,) = kernel.dumps
+    assert int.from_bytes(dump[-4:], "little") & ct_messages.FILTER_IP_DST == 0
+    assert [len(b) for b in kernel.batches] == [2]

@@ -13,11 +13,12 @@ from ipvsproxy.kernel.netlink.ct_messages import Flow
 
 class FakeConntrack(FakeBackend[tuple[ServiceKey, Endpoint]]):
     """UDP conntrack entries: ``flows`` to each virtual server, each by the (address, port)
-    of the real server that answers it (seeded: traffic makes them); ``flushes`` records each
-    target begun (service, live, gone) and ``reads`` the calls. Each call's work is bounded by
-    ``bounds`` as the real one's (``conntrack.sweep``, in the targets' order). A raising set
-    for ``flush_stale`` is matched against each target (service, live, gone) and fails that
-    target only; a refusal matches (service, answering endpoint) of one entry."""
+        of the real server that answers it (seeded: traffic makes them); ``flushes`` records each
+        target begun (service, live, gone) and ``reads`` the calls. Each call's work is bounded by
+        ``bounds`` as the real one's (``conntrack.sweep``, in the targets' order), each target read
+    as if alone in its dump. A raising set
+        for ``flush_stale`` is matched against each target (service, live, gone) and fails that
+        target only; a refusal matches (service, answering endpoint) of one entry."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -52,9 +53,9 @@ class FakeConntrack(FakeBackend[tuple[ServiceKey, Endpoint]]):
     def _flush(self, service: ServiceKey, why: Stale, budget: Budget) -> int | Unfinished:
         to = (service.address, service.port)
         flows = [Flow(socket.IPPROTO_UDP, to, by, b"") for by in self.flows.get(service, [])]
-        doomed, finished = sweep(flows, service, why, budget)
+        doomed, finished = sweep(flows, {to: (service, why)}, budget)
         deleted = 0
-        for flow in doomed:
+        for _, flow in doomed:
             if self._refused((service, flow.answered_by)):
                 self.counters.count("delete_conntrack", False)
                 continue

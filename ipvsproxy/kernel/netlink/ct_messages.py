@@ -82,13 +82,13 @@ def _tuple(
     return ip_part + codec.nested(CTA_TUPLE_PROTO, ports)
 
 
-def dump_request(family: int, seq: int, address: str, port: int, proto: int) -> bytes:
-    """A dump of the entries whose original tuple goes to ``address``:``port`` over ``proto``:
-    filtered in the kernel by all three for IPv4, by protocol and port for IPv6 (see the
-    module's docstring)."""
+def dump_request(family: int, seq: int, address: str | None, port: int, proto: int) -> bytes:
+    """A dump of the entries whose original tuple goes to ``port`` over ``proto``, filtered
+    in the kernel by both, and by ``address`` too when given for IPv4 (for IPv6 it is left to
+    the caller: see the module's docstring)."""
     flags = FILTER_PROTO_NUM | FILTER_PROTO_DST_PORT
     dst: str | None = None
-    if family == socket.AF_INET:
+    if address is not None and family == socket.AF_INET:
         flags |= FILTER_IP_DST
         dst = address
     body = codec.nested(CTA_TUPLE_ORIG, _tuple(family, None, dst, proto, None, port))
@@ -108,15 +108,20 @@ def delete_request(family: int, seq: int, flow: Flow) -> bytes:
 
 
 def create_request(
-    family: int, seq: int, orig: tuple[str, int, str, int], reply: tuple[str, int, str, int]
+    family: int,
+    seq: int,
+    orig: tuple[str, int, str, int],
+    reply: tuple[str, int, str, int],
+    timeout: int = 120,
 ) -> bytes:
-    """A UDP entry (src, sport, dst, dport) each way, for 120 s: for the lab's tests."""
+    """A UDP entry (src, sport, dst, dport) each way, for ``timeout`` seconds: for the lab's
+    tests and benchmarks."""
     udp = socket.IPPROTO_UDP
     body = codec.nested(CTA_TUPLE_ORIG, _tuple(family, orig[0], orig[2], udp, orig[1], orig[3]))
     body += codec.nested(
         CTA_TUPLE_REPLY, _tuple(family, reply[0], reply[2], udp, reply[1], reply[3])
     )
-    body += codec.attr(CTA_TIMEOUT, struct.pack("!I", 120))
+    body += codec.attr(CTA_TIMEOUT, struct.pack("!I", timeout))
     flags = codec.NLM_F_REQUEST | codec.NLM_F_ACK | 0x400  # NLM_F_CREATE
     return _message(IPCTNL_MSG_CT_NEW, flags, family, seq, body)
 
