@@ -41,10 +41,12 @@ class Unfinished(NamedTuple):
 
 class Bounds(NamedTuple):
     """The work of one ``flush_stale`` call (it runs under the sync lock): once ``examined``
-    entries were read, the targets not begun are left; at ``deleted`` deletions, all stop."""
+    entries were read or ``dumps`` dumps made (each walks the kernel's whole table), the
+    targets not begun are left; at ``deleted`` deletions, all stop."""
 
     examined: int = 100_000
     deleted: int = 10_000
+    dumps: int = 200
 
 
 DEFAULT_BOUNDS = Bounds()
@@ -71,9 +73,11 @@ class Budget:
     bounds: Bounds
     examined: int = 0
     deleted: int = 0
+    dumps: int = 0
 
     def may_begin(self) -> bool:
-        return self.examined < self.bounds.examined and self.deleted < self.bounds.deleted
+        b = self.bounds
+        return self.examined < b.examined and self.deleted < b.deleted and self.dumps < b.dumps
 
 
 Group = dict[Endpoint, tuple[ServiceKey, Stale]]  # targets by destination (address, port)
@@ -190,6 +194,7 @@ class Conntrack:
     ) -> dict[ServiceKey, int | Unfinished]:
         sock = self._socket()
         seq = sock.next_seq()
+        budget.dumps += 1
         (only, _), *more = group
         address = only if not more else None
         request = ct_messages.dump_request(fam, seq, address, port, socket.IPPROTO_UDP)

@@ -166,3 +166,13 @@ def test_targets_on_one_port_are_one_dump_filtered_by_the_port() -> None:
     (dump,) = kernel.dumps
     assert int.from_bytes(dump[-4:], "little") & ct_messages.FILTER_IP_DST == 0
     assert [len(b) for b in kernel.batches] == [2]
+
+
+def test_a_call_makes_at_most_its_bound_of_dumps() -> None:
+    """Each dump walks the kernel's whole table: a call makes at most ``bounds.dumps``; the
+    targets of the others are left for the next call."""
+    keys = [ServiceKey("10.96.0.10", Protocol.UDP, port) for port in (53, 54, 55)]
+    kernel = Kernel([])
+    out = backend(kernel, Bounds(dumps=2)).flush_stale(dict.fromkeys(keys, Stale({A})))
+    assert out == {keys[0]: 0, keys[1]: 0, keys[2]: Unfinished(0)}
+    assert len(kernel.dumps) == 2

@@ -52,6 +52,7 @@ class FakeConntrack(FakeBackend[tuple[ServiceKey, Endpoint]]):
 
     def _flush(self, service: ServiceKey, why: Stale, budget: Budget) -> int | Unfinished:
         to = (service.address, service.port)
+        budget.dumps += 1
         flows = [Flow(socket.IPPROTO_UDP, to, by, b"") for by in self.flows.get(service, [])]
         doomed, finished = sweep(flows, {to: (service, why)}, budget)
         deleted = 0
