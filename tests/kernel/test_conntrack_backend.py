@@ -234,3 +234,27 @@ def test_flush_stale_of_a_large_table_reads_only_its_targets_entries_and_is_boun
     assert ct.counters.ok == {"delete_conntrack": 5}
     left = table(lab_cluster, n1.netns, "ipv4")
     assert f"dst={target} " not in left and left.count(f"dport={P} ") >= 5000
+
+
+def test_flush_stale_of_a_node_ports_virtual_servers_is_one_dump_and_owns_only_its_own(
+    lab_cluster: Cluster,
+) -> None:
+    """A NodePort's virtual servers, one per node address, are one dump filtered by the port;
+    each node address's stale entries go, a flow through the node to another host's same
+    port stays (upstream's match by port alone would delete it)."""
+    n1 = lab_cluster.node("node-1")
+    node_ips, foreign, gone = ("10.80.0.1", "10.80.0.2"), "10.80.0.99", "10.244.80.9"
+    entries = [("10.0.80.1", 21000 + i, ip, P + 2, gone, P) for i, ip in enumerate(node_ips)]
+    entries += [("10.0.80.1", 21100, foreign, P + 2, foreign, P + 2)]  # never NATed
+    insert(n1.netns, entries)
+    keys = [ServiceKey(ip, Protocol.UDP, P + 2) for ip in node_ips]
+    with netns.entered(n1.netns):
+        ct = Conntrack()
+        try:
+            out = ct.flush_stale(dict.fromkeys(keys, Stale({("10.244.80.1", P)})))
+        finally:
+            ct.close()
+    assert out == dict.fromkeys(keys, 1)
+    assert ct.examined == 3  # one dump: the port's three entries
+    left = table(lab_cluster, n1.netns, "ipv4")
+    assert f"dst={foreign} " in left and all(f"dst={ip} " not in left for ip in node_ips)
