@@ -67,6 +67,14 @@ class Telemetry:
             label = FAMILY_LABELS[run.family]
             self.metrics.conntrack_duration.labels(label).observe(run.seconds)
             self.metrics.conntrack_deleted.labels(label).inc(run.deleted)
+            if run.unfinished:
+                log.info(
+                    "conntrack cleanup (%s): %d entries deleted, %d UDP virtual servers left "
+                    "by the per-sync bound for the next sync",
+                    label,
+                    run.deleted,
+                    run.unfinished,
+                )
         self._counters(snapshot)
         self._gauges(snapshot)
         self._report(result)

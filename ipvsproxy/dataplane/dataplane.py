@@ -240,7 +240,10 @@ class Dataplane:
         return self.failures.by_service
 
     def next_retry(self) -> float | None:
-        """time.monotonic() of the earliest retry of a failed Service, if any."""
+        """time.monotonic() of the earliest retry of a failed Service, if any; now when a
+        conntrack cleanup its bounds stopped is to go on."""
+        if self.stale_udp.unfinished:
+            return self.failures.clock()
         return self.failures.next_retry()
 
     # -- ownership ---------------------------------------------------------------------------

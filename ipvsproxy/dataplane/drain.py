@@ -22,7 +22,7 @@ from ipvsproxy.dataplane.batching import apply_and_record, apply_chunks, isolati
 from ipvsproxy.dataplane.blame import Blame
 from ipvsproxy.dataplane.observed import Observed
 from ipvsproxy.dataplane.statefile import State
-from ipvsproxy.kernel.conntrack import Stale
+from ipvsproxy.kernel.conntrack import Stale, Unfinished
 from ipvsproxy.kernel.errors import ApplyError
 
 if TYPE_CHECKING:
@@ -89,16 +89,21 @@ class FlushRun:
     family: int  # 4 or 6
     seconds: float
     deleted: int  # conntrack entries deleted
+    unfinished: int = 0  # virtual servers the flush's bounds left for the next sync
 
 
 class StaleUdpFlows:
-    """The UDP virtual servers whose real servers a sync changed, each with the addresses of
-    the real servers removed: their conntrack entries are flushed at the sync's end."""
+    """The UDP virtual servers whose real servers a sync changed, each with the real servers
+    removed: their conntrack entries are flushed at the sync's end. A flush's work is bounded
+    (``conntrack.Bounds``): the virtual servers it did not finish are flushed again at the
+    next sync (``unfinished``), which is due at once."""
 
     def __init__(self) -> None:
-        self.changed: dict[ServiceKey, set[str]] = {}  # filled by ``observed.record_ipvs``
+        self.changed: dict[ServiceKey, set[DestKey]] = {}  # filled by ``observed.record_ipvs``
         # Those whose flush failed: flushed again when their Service's retry is due.
-        self.failed: dict[ServiceKey, set[str]] = {}
+        self.failed: dict[ServiceKey, set[DestKey]] = {}
+        # Those a flush's bounds stopped: flushed again at the next sync.
+        self.unfinished: dict[ServiceKey, set[DestKey]] = {}
 
     def retry(self, keys: Collection[ServiceKey]) -> None:
         """The failed flushes of the virtual servers ``keys`` (being retried) are done again
@@ -115,18 +120,22 @@ class StaleUdpFlows:
         time and the entries it deleted, as upstream's proxier of that family reports its
         own); a failure fails the Services it names only (a failed read, each of them)."""
         changed, self.changed = self.changed, {}
+        for key, gone in self.unfinished.items():
+            changed.setdefault(key, set()).update(gone)
+        self.unfinished = {}
         runs = []
         for fam in sorted({6 if ":" in s.address else 4 for s in changed}):
             of_family = {s: gone for s, gone in changed.items() if (":" in s.address) == (fam == 6)}
             start = time.monotonic()
             deleted = self._flush(of_family, backends, desired, blame)
             if deleted is not None:
-                runs.append(FlushRun(fam, time.monotonic() - start, deleted))
+                left = sum(1 for s in of_family if s in self.unfinished)
+                runs.append(FlushRun(fam, time.monotonic() - start, deleted, left))
         return runs
 
     def _flush(
         self,
-        changed: Mapping[ServiceKey, set[str]],
+        changed: Mapping[ServiceKey, set[DestKey]],
         backends: Backends,
         desired: DesiredState,
         blame: Blame,
@@ -134,7 +143,7 @@ class StaleUdpFlows:
         """One family's flush: the entries deleted, None when none of its Services could be
         flushed (upstream reports no run whose read failed)."""
         targets = {
-            service: Stale({d.address for d in desired.real_servers.get(service, {})}, gone)
+            service: Stale(set(desired.real_servers.get(service, {})), gone)
             for service, gone in changed.items()
         }
         try:
@@ -146,5 +155,11 @@ class StaleUdpFlows:
                 why = f"conntrack cleanup of {service}: {type(outcome).__name__}: {outcome}"
                 self.failed.setdefault(service, set()).update(changed[service])
                 blame.service(service, why)
-        counts = [n for n in outcomes.values() if not isinstance(n, Exception)]
+            elif isinstance(outcome, Unfinished):
+                self.unfinished[service] = changed[service]
+        counts = [
+            n.deleted if isinstance(n, Unfinished) else n
+            for n in outcomes.values()
+            if not isinstance(n, Exception)
+        ]
         return sum(counts) if counts else None

@@ -275,11 +275,11 @@ def record_ipvs(
     state: State,
     desired: DesiredState,
     now: float,
-    udp_removed: dict[ServiceKey, set[str]],
+    udp_removed: dict[ServiceKey, set[DestKey]],
 ) -> None:
     """Fold applied IPVS operations into the cache and the state file's bookkeeping: which
     virtual servers are ours, which real servers drain since when (from ``now``). The
-    addresses of a UDP virtual server's removed real servers go to ``udp_removed``, whose
+    real servers removed from a UDP virtual server go to ``udp_removed``, whose
     stale flows are flushed at the sync's end."""
     draining = state.draining_since
     # Real server operations come grouped by virtual server: look its maps up once a group.
@@ -287,7 +287,7 @@ def record_ipvs(
     dests: dict[DestKey, Seen] = {}
     want: Mapping[DestKey, RealServerLike] = {}
     touched: list[ServiceKey] = []
-    gone: set[str] | None = None  # a UDP virtual server's real servers removed
+    gone: set[DestKey] | None = None  # a UDP virtual server's real servers removed
     delete = OpKind.DELETE
     for op in ops:
         if isinstance(op, ServiceOp):
@@ -316,7 +316,7 @@ def record_ipvs(
             dests.pop(dest, None)
             draining.pop((service, dest), None)
             if gone is not None:
-                gone.add(dest.address)
+                gone.add(dest)
             continue
         old = dests.get(dest) if dests else None
         if old is None or old.stats is IDLE:

@@ -35,7 +35,7 @@ from ipvsproxy.core.virtual_servers import (
     Traffic,
     VirtualServer,
 )
-from ipvsproxy.kernel.conntrack import Stale
+from ipvsproxy.kernel.conntrack import Stale, Unfinished
 from ipvsproxy.kernel.errors import Counters
 from ipvsproxy.kernel.iptables import Observed
 
@@ -197,13 +197,16 @@ class ConntrackBackend(Protocol):
 
     counters: Counters
 
-    def flush_stale(self, targets: Mapping[ServiceKey, Stale]) -> dict[ServiceKey, int | Exception]:
+    def flush_stale(
+        self, targets: Mapping[ServiceKey, Stale]
+    ) -> dict[ServiceKey, int | Unfinished | Exception]:
         """For each UDP virtual server of ``targets``, delete its entries that
-        ``conntrack.stale`` says go (answered by none of its ``live`` real servers' addresses,
-        or by one of those ``gone`` when none is live). The UDP table of each address family is
-        read once for them all. Returns each target's outcome: how many of its entries went, or
-        the error that failed it (a read the kernel refuses fails every target of that family).
-        An entry that went meanwhile is counted as failed."""
+        ``conntrack.stale`` says go (answered by none of its ``live`` real servers, or by one
+        of those ``gone`` when none is live; each an address and port). Each target is read
+        from the kernel filtered to its entries, one at a time, and the call's work is bounded
+        (``conntrack.Bounds``). Returns each target's outcome: how many of its entries went,
+        Unfinished (how many went) for one the bounds stopped or left for the next call, or
+        the error that failed it. An entry that went meanwhile is counted as failed."""
         ...
 
     def close(self) -> None: ...

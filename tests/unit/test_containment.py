@@ -309,5 +309,5 @@ def test_a_failed_conntrack_cleanup_is_done_again_when_its_service_is_retried(
     dp.sync()
     assert conntrack.calls["flush_stale"] - calls == 2, conntrack.flushes
     (retried,) = conntrack.flushes[flushes:]  # the first raised before it flushed
-    assert retried[1:] == (frozenset(), frozenset({"10.244.1.31", "10.244.2.32"}))
+    assert retried[1:] == (frozenset(), frozenset({("10.244.1.31", 53), ("10.244.2.32", 53)}))
     assert dp.failed == {}

@@ -26,6 +26,7 @@ from ipvsproxy.core.virtual_servers import (
     VirtualServer,
 )
 from ipvsproxy.dataplane.dataplane import SyncResult
+from ipvsproxy.kernel.conntrack import Bounds
 from ipvsproxy.kernel.fakes import FakeBackends, fake_backends
 from tests.unit.fake_node import NODE_IP, Node, node
 from tests.unit.k8s_objects import endpoint, endpoint_slice, service
@@ -255,17 +256,21 @@ def test_a_removed_udp_real_server_goes_at_once_with_its_conntrack_entries(
     put(n, "dns", dns(POD_A, POD_B))
     ok(n.sync())
     # Flushed when its real servers came (entries made while it had none go).
-    assert n.kernel.conntrack.flushes == [(DNS, frozenset({POD_A, POD_B}), frozenset())]
+    assert n.kernel.conntrack.flushes == [
+        (DNS, frozenset({(POD_A, 5353), (POD_B, 5353)}), frozenset())
+    ]
     for pod in (POD_A, POD_B, POD_B):
-        n.kernel.conntrack.add_flow(DNS, pod)
+        n.kernel.conntrack.add_flow(DNS, (pod, 5353))
     put(n, "dns", dns(POD_A))
     assert ipvs_writes(n, n.sync) == 1
     assert ipvs_table(n.kernel) == {f"{DNS} rr": {f"{POD_A}:5353": 1}}
-    assert n.kernel.conntrack.flushes[1:] == [(DNS, frozenset({POD_A}), frozenset({POD_B}))]
-    assert n.kernel.conntrack.flows == {DNS: [POD_A]}
+    assert n.kernel.conntrack.flushes[1:] == [
+        (DNS, frozenset({(POD_A, 5353)}), frozenset({(POD_B, 5353)}))
+    ]
+    assert n.kernel.conntrack.flows == {DNS: [(POD_A, 5353)]}
     assert n.kernel.conntrack.counters.ok == {"delete_conntrack": 2}
     # Its last real server gone: the flows it answered go too (upstream would keep them).
-    n.kernel.conntrack.add_flow(DNS, POD_A)
+    n.kernel.conntrack.add_flow(DNS, (POD_A, 5353))
     put(n, "dns", dns())
     ok(n.sync())
     assert ipvs_table(n.kernel) == {f"{DNS} rr": {}}
@@ -295,6 +300,66 @@ def test_a_sync_reads_the_conntrack_table_once_for_all_its_udp_services(
     }  # fmt: skip
 
 
+def test_a_flow_answered_by_a_live_address_on_another_port_is_stale(tmp_path: Path) -> None:
+    """As upstream, a real server is its address and port: a flow answered by a live pod's
+    address from the port it no longer serves on (targetPort changed) goes."""
+    n = node(tmp_path)
+    put(n, "dns", dns(POD_A))
+    ok(n.sync())
+    n.kernel.conntrack.add_flow(DNS, (POD_A, 5300))  # the Service's old targetPort
+    n.kernel.conntrack.add_flow(DNS, (POD_A, 5353))
+    put(n, "dns", dns(POD_A, POD_B))
+    ok(n.sync())
+    assert n.kernel.conntrack.flows == {DNS: [(POD_A, 5353)]}
+
+
+def test_a_flush_deletes_at_most_its_bound_and_goes_on_at_the_next_sync(tmp_path: Path) -> None:
+    """A sync deletes at most ``bounds.deleted`` entries (the sync lock is held): the rest
+    go at the next syncs, due at once, and each run says what it left."""
+    n = node(tmp_path)
+    n.kernel.conntrack.bounds = Bounds(examined=1_000_000, deleted=3)
+    put(n, "dns", dns(POD_A, POD_B))
+    ok(n.sync())
+    for _ in range(7):
+        n.kernel.conntrack.add_flow(DNS, (POD_B, 5353))
+    n.kernel.conntrack.add_flow(DNS, (POD_A, 5353))
+    put(n, "dns", dns(POD_A))
+    first = ok(n.sync())
+    assert [(r.deleted, r.unfinished) for r in first.conntrack] == [(3, 1)]
+    assert n.dp.next_retry() == n.now[0]  # the rest is due at once
+    assert [(r.deleted, r.unfinished) for r in ok(n.sync()).conntrack] == [(3, 1)]
+    assert [(r.deleted, r.unfinished) for r in ok(n.sync()).conntrack] == [(1, 0)]
+    assert n.kernel.conntrack.flows == {DNS: [(POD_A, 5353)]}
+    assert n.dp.next_retry() is None
+    assert ok(n.sync()).conntrack == []
+
+
+def test_a_flush_reads_at_most_its_bound_then_leaves_the_other_services_to_the_next_sync(
+    tmp_path: Path,
+) -> None:
+    """Entries read are bounded too: once a sync has read ``bounds.examined`` entries, the
+    virtual servers it has not begun wait for the next sync; one begun is read to its end (so
+    every sync finishes at least one, and a cleanup always ends)."""
+    n = node(tmp_path)
+    n.kernel.conntrack.bounds = Bounds(examined=4, deleted=1_000)
+    keys = [ServiceKey(f"10.96.1.{i + 1}", UDP, 53) for i in range(3)]
+    for i in range(3):
+        put(n, f"dns{i}", udp(f"dns{i}", keys[i].address, POD_A, POD_B))
+    ok(n.sync())
+    for key in keys:
+        for _ in range(5):
+            n.kernel.conntrack.add_flow(key, (POD_B, 5353))
+    for i in range(3):
+        put(n, f"dns{i}", udp(f"dns{i}", keys[i].address, POD_A))
+    runs = [ok(n.sync()).conntrack for _ in range(3)]
+    assert [[(r.deleted, r.unfinished) for r in run] for run in runs] == [
+        [(5, 2)],
+        [(5, 1)],
+        [(5, 0)],
+    ]
+    assert n.kernel.conntrack.flows == {key: [] for key in keys}
+
+
 def dual_dns(*pods: tuple[str, str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A dual-stack UDP Service; ``pods``: (IPv4, IPv6) address pairs."""
     svc, (sl4,) = udp("dns", DNS.address, *(v4 for v4, _ in pods))
@@ -317,7 +382,7 @@ def test_each_familys_stale_udp_flush_is_timed_and_counted(tmp_path: Path) -> No
     result = ok(n.sync())
     assert [(run.family, run.deleted) for run in result.conntrack] == [(4, 0), (6, 0)]
     for key, pod in ((DNS, POD_B), (DNS, POD_B), (DNS6, b6)):
-        n.kernel.conntrack.add_flow(key, pod)
+        n.kernel.conntrack.add_flow(key, (pod, 5353))
     put(n, "dns", dual_dns((POD_A, "fd00:10:244:1::a")))
     result = ok(n.sync())
     assert [(run.family, run.deleted) for run in result.conntrack] == [(4, 2), (6, 1)]
