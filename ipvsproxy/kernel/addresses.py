@@ -126,8 +126,10 @@ class AddressEvents:
     def wait(self, timeout: float) -> set[int] | None:
         """The interfaces whose addresses changed (empty when none within ``timeout``); None
         when notices were lost (the socket's buffer overflowed): any may have changed."""
-        ready, _, _ = select.select([self.sock], [], [], timeout)
-        if not ready:
+        # poll, not select: the descriptor may be past 1,023 (the raised open files limit).
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        if not poller.poll(timeout * 1000):
             return set()
         try:
             data = self.sock.recv(1 << 16)
