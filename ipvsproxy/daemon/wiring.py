@@ -37,7 +37,7 @@ from ipvsproxy.servers.healthz import json_route, serve_routes
 from ipvsproxy.servers.healthz import serve as serve_health
 from ipvsproxy.servers.httpserver import HTTPServer
 from ipvsproxy.servers.metrics import Metrics, upstream_routes
-from ipvsproxy.servers.traffic_metrics import PortName, ServiceTraffic
+from ipvsproxy.servers.traffic_metrics import ServiceTraffic
 
 log = logging.getLogger("ipvsproxy")
 
@@ -124,20 +124,13 @@ def serve_metrics(cfg: ProxyConfig, metrics: Metrics, proxy: Proxy) -> list[HTTP
 
 def service_traffic(limit: int, proxy: Proxy) -> ServiceTraffic:
     """Per-Service traffic series: IPVS's counters through a socket of their own (scrapes run
-    beside syncs), named by the daemon's desired state (as of the last sync when one is
-    running)."""
+    beside syncs), named by the daemon's desired state as of the last sync."""
     ipvs = IPVS()
-    names: dict[ServiceKey, PortName] = {}
 
     def read() -> dict[ServiceKey, Traffic]:
         return {key: traffic for key, (_vs, traffic) in ipvs.services_with_traffic().items()}
 
-    def named() -> dict[ServiceKey, PortName]:
-        nonlocal names
-        names = proxy.port_names() or names
-        return names
-
-    return ServiceTraffic(limit, read, named)
+    return ServiceTraffic(limit, read, proxy.port_names)
 
 
 def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[Informer]:
