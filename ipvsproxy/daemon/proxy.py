@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ipvsproxy.config import ProxyConfig
+from ipvsproxy.core.ruleset import ChainKey
 from ipvsproxy.core.virtual_servers import ServiceKey
 from ipvsproxy.daemon.changes import ChangeTracker, Marks, slice_family, trigger_time
 from ipvsproxy.daemon.node import POD_CIDR_WAIT, NodeTracker
 from ipvsproxy.daemon.runner import SyncRunner
 from ipvsproxy.daemon.targets import health_check_targets
 from ipvsproxy.daemon.telemetry import Telemetry
-from ipvsproxy.core.ruleset import ChainKey
 from ipvsproxy.dataplane.dataplane import Dataplane, SyncResult
 from ipvsproxy.dataplane.snapshot import DesiredView
 from ipvsproxy.kube.events import EventRecorder
@@ -69,8 +69,9 @@ class Proxy:
     (``run``) syncs; HTTP threads read ``status_document`` and ``health``. A sync holds
     ``sync_lock`` from the node refresh and the hand-over of the marked Services to the
     dataplane until its result is recorded and ``status`` copied: ``status_document`` reads
-    that copy, never the lock, so it sees no half-applied sync and cannot delay one. Before the Services' and EndpointSlices' first lists are done
-    (``synced``) nothing is synced and nothing counts as queued for /healthz."""
+    that copy, never the lock, so it sees no half-applied sync and cannot delay one. Before
+    the Services' and EndpointSlices' first lists are done (``synced``) nothing is synced and
+    nothing counts as queued for /healthz."""
 
     def __init__(self, cfg: ProxyConfig, dataplane: Dataplane, metrics: Metrics) -> None:
         self.cfg = cfg

@@ -219,8 +219,8 @@ class Metrics:
 
     def serve(self, address: str, extra: Mapping[str, Route]) -> HTTPServer:
         """/metrics, and ``extra`` routes (``upstream_routes``, the daemon's /status) on the
-        same local address. The routes run on two workers, as /status waits for a running
-        sync."""
+        same local address. The routes run on two workers: an exposition or a /status
+        answer takes a while at thousands of Services, and probes must not wait for it."""
 
         def metrics() -> tuple[int, str, bytes]:
             return 200, CONTENT_TYPE_LATEST, self.exposition()
