@@ -82,7 +82,9 @@ class Proxy:
         self.informers: list[Informer] = []
         self.events: EventRecorder | None = None
         self.changes = ChangeTracker(on_mark=self._queued, started=time.time())
-        self.node = NodeTracker(cfg, dataplane, self.health, self.changes, self.stop)
+        self.node = NodeTracker(
+            cfg, dataplane, self.health, self.changes, self.stop, metrics.helper_failed
+        )
         self.telemetry = Telemetry(metrics, self._warn, families=dataplane.plan_config.families)
         self.runner = SyncRunner(
             self.changes,
@@ -100,7 +102,8 @@ class Proxy:
         )
         self.sync_lock = threading.Lock()
         self.last_sync: float | None = None  # wall time of the last sync that ran to its end
-        self.status = self._copy_status()
+        # Nothing synced yet: nothing desired.
+        self.status = StatusCopy(dataplane.node.name, DesiredView({}, {}, {}), None, {}, {}, None)
 
     # -- events ------------------------------------------------------------------------------
 

@@ -48,30 +48,59 @@ def start_server(
     hard_fail: bool,
     stop: threading.Event,
     retry: float = 5.0,
+    failed: Callable[[str], object] = lambda _helper: None,
 ) -> bool:
     """Start a server; when its port cannot be bound, False with bindAddressHardFail (the
-    daemon exits), else the error is logged and the server tried again every ``retry`` seconds
-    (upstream's behaviour either way)."""
-    try:
-        start()
-        return True
-    except OSError as exc:
-        if hard_fail:
-            log.error("cannot start the %s server: %s (bindAddressHardFail: exiting)", what, exc)
+    daemon exits), else the server is tried again every ``retry`` seconds until it starts
+    (upstream's behaviour either way), each failure logged and counted (``failed``)."""
+
+    def attempt() -> bool:
+        try:
+            start()
+            return True
+        except Exception as exc:  # OSError: the port; anything else: a bug, retried too
+            then = "bindAddressHardFail: exiting" if hard_fail else f"trying again in {retry:g} s"
+            log.error("cannot start the %s server: %s (%s)", what, exc, then)
+            failed(f"{what}-server")
             return False
-        log.error("cannot start the %s server: %s; trying again every %g s", what, exc, retry)
+
+    if attempt():
+        return True
+    if hard_fail:
+        return False
 
     def again() -> None:
         while not stop.wait(retry):
-            try:
-                start()
-            except OSError:
-                continue
-            log.info("the %s server started", what)
-            return
+            if attempt():
+                log.info("the %s server started", what)
+                return
 
     threading.Thread(target=again, name=f"start-{what}", daemon=True).start()
     return True
+
+
+def start_servers(
+    cfg: ProxyConfig, metrics: Metrics, proxy: Proxy, stop: threading.Event, retry: float = 5.0
+) -> list[HTTPServer] | None:
+    """The health, metrics and status servers, each started (and tried again) on its own: one
+    that cannot bind never holds up, nor rebinds, another. The list holds those started, and
+    gets those started later; None: one could not bind with bindAddressHardFail."""
+    servers: list[HTTPServer] = []
+    starts: list[tuple[str, Callable[[], HTTPServer]]] = []
+    if cfg.healthz_bind_address:
+        address, answered = cfg.healthz_bind_address, metrics.health_answered
+        starts.append(("health", lambda: serve_health(proxy.health, address, answered)))
+    starts += [(what, start) for what, start in serve_metrics_starts(cfg, metrics, proxy)]
+    for what, start in starts:
+
+        def started(start: Callable[[], HTTPServer] = start) -> None:
+            servers.append(start())
+
+        if not start_server(
+            what, started, cfg.bind_address_hard_fail, stop, retry, metrics.helper_failed
+        ):
+            return None
+    return servers
 
 
 def set_oom_score_adj(value: int, path: str = "/proc/self/oom_score_adj") -> None:
@@ -104,22 +133,31 @@ def api_client(cfg: ProxyConfig) -> Any:
     return client.ApiClient(conf)
 
 
-def serve_metrics(cfg: ProxyConfig, metrics: Metrics, proxy: Proxy) -> list[HTTPServer]:
+def serve_metrics_starts(
+    cfg: ProxyConfig, metrics: Metrics, proxy: Proxy
+) -> list[tuple[str, Callable[[], HTTPServer]]]:
     """/metrics with upstream's /proxyMode, /configz and /healthz, and /status (and
     /status/all, for ``status --all``) next to it or on its own address
-    (--status-bind-address)."""
+    (--status-bind-address): each server's name and its start."""
     status = {
         "/status": json_route(lambda: (200, proxy.status_document())),
         "/status/all": json_route(lambda: (200, proxy.status_document(kernel=True))),
     }
-    servers = []
+    starts: list[tuple[str, Callable[[], HTTPServer]]] = []
     apart = cfg.status_bind_address not in (None, cfg.metrics_bind_address)
     if cfg.metrics_bind_address:
+        address = cfg.metrics_bind_address
         routes = {**upstream_routes("ipvs", configz(cfg)), **({} if apart else status)}
-        servers.append(metrics.serve(cfg.metrics_bind_address, routes))
+        starts.append(("metrics", lambda: metrics.serve(address, routes)))
     if apart and cfg.status_bind_address:
-        servers.append(serve_routes(cfg.status_bind_address, status, "status", workers=2))
-    return servers
+        status_address = cfg.status_bind_address
+        starts.append(("status", lambda: serve_routes(status_address, status, "status", workers=2)))
+    return starts
+
+
+def serve_metrics(cfg: ProxyConfig, metrics: Metrics, proxy: Proxy) -> list[HTTPServer]:
+    """The servers of ``serve_metrics_starts``, started now."""
+    return [start() for _what, start in serve_metrics_starts(cfg, metrics, proxy)]
 
 
 def service_traffic(limit: int, proxy: Proxy) -> ServiceTraffic:
@@ -219,14 +257,8 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
     if cfg.service_traffic_metrics:
         metrics.registry.register(service_traffic(cfg.service_traffic_metrics, proxy))
     proxy.health.unserved = unserved
-    servers: list[tuple[str, Callable[[], object]]] = []
-    if cfg.healthz_bind_address:
-        address, answered = cfg.healthz_bind_address, metrics.health_answered
-        servers.append(("health", lambda: serve_health(proxy.health, address, answered)))
-    servers.append(("metrics", lambda: serve_metrics(cfg, metrics, proxy)))
-    for what, start in servers:
-        if not start_server(what, start, cfg.bind_address_hard_fail, proxy.stop):
-            return 1
+    if start_servers(cfg, metrics, proxy, proxy.stop) is None:
+        return 1
     proxy.informers = informers(cfg, api, proxy, node_name)
     proxy.events = EventRecorder(
         lambda ns, body: kube_client.create_event(api, ns, body), node_name
@@ -241,7 +273,7 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    watch = start_config_watch(cfg, proxy.stop, proxy.request_stop)
+    watch = start_config_watch(cfg, proxy.stop, proxy.request_stop, failed=metrics.helper_failed)
     if not proxy.wait_for_node():
         return 1
     threading.Thread(

@@ -194,6 +194,16 @@ class Metrics:
             "Real servers at weight 0 waiting for their connections to end",
             registry=r,
         )
+        self.helper_failures = Counter(
+            "ipvsproxy_helper_failures",
+            "Failures of a helper thread (address notices, config watch, a server's start), "
+            "each logged; the helper goes on after a pause",
+            ["helper"],
+            registry=r,
+        )
+
+    def helper_failed(self, helper: str) -> None:
+        self.helper_failures.labels(helper).inc()
 
     def _process_metrics(self, r: CollectorRegistry) -> None:
         """The process_* series of upstream's Go client (prometheus_client's and the rest),
