@@ -3,6 +3,7 @@ kube-proxy: containerd 2.x and Docker 29 give a container a soft limit of 1,024.
 
 from __future__ import annotations
 
+import os
 import resource
 import subprocess
 import sys
@@ -48,3 +49,24 @@ def test_run_raises_the_soft_open_files_limit_to_the_hard_one() -> None:
     )
     assert done.stdout.split() == ["soft", str(hard)]
     assert f"open files limit raised from {LOWERED} to {hard}" in done.stderr
+
+
+def test_address_notices_are_read_on_a_descriptor_past_1023() -> None:
+    """Past the old soft limit, select() cannot wait on a descriptor: the notices' socket is
+    waited on with poll()."""
+    from ipvsproxy.kernel.addresses import AddressEvents
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1100:
+        pytest.skip(f"a soft open-files limit of {soft} cannot hold 1,100 descriptors")
+    fillers = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        events = AddressEvents()
+        try:
+            assert events.sock.fileno() > 1023
+            assert events.wait(0.01) == set()
+        finally:
+            events.close()
+    finally:
+        for fd in fillers:
+            os.close(fd)
