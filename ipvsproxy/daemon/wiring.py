@@ -103,6 +103,30 @@ def start_servers(
     return servers
 
 
+def keep_running(
+    what: str,
+    body: Callable[[], None],
+    stop: threading.Event,
+    failed: Callable[[str], object] = lambda _helper: None,
+    pause: float = 1.0,
+    longest: float = 60.0,
+) -> None:
+    """Run a helper thread's ``body`` until it returns or ``stop``: whatever it raises is
+    logged and counted (``failed``), and it runs again after a pause that doubles up to
+    ``longest`` while failures repeat: a helper never ends silently."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            body()
+            return
+        except Exception:
+            failures += 1
+            wait = min(longest, pause * 2 ** (failures - 1))
+            log.exception("%s failed (%d in a row); started again in %g s", what, failures, wait)
+            failed(what)
+        stop.wait(wait)
+
+
 def set_oom_score_adj(value: int, path: str = "/proc/self/oom_score_adj") -> None:
     """The daemon's oom_score_adj (upstream's oomScoreAdj, -999 by default); a refusal is
     logged, not fatal (upstream logs it too)."""
@@ -277,7 +301,11 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
     if not proxy.wait_for_node():
         return 1
     threading.Thread(
-        target=proxy.node.watch_addresses, args=(events,), name="addresses", daemon=True
+        target=keep_running,
+        args=("addresses", lambda: proxy.node.watch_addresses(events), proxy.stop),
+        kwargs={"failed": metrics.helper_failed},
+        name="addresses",
+        daemon=True,
     ).start()
     log.info("ipvsproxy on node %s, node IP %s", node_name, proxy.node.ips_text())
     proxy.run()

@@ -215,3 +215,22 @@ def test_the_http_loop_goes_on_after_a_failure(
         assert get(port, "/") == 200
     finally:
         server.close()
+
+
+def test_a_helper_that_raises_is_started_again(caplog: pytest.LogCaptureFixture) -> None:
+    """What a helper's own loop does not catch (the address watch's thread runs under it)."""
+    from ipvsproxy.daemon.wiring import keep_running
+
+    runs: list[int] = []
+
+    def body() -> None:
+        runs.append(1)
+        if len(runs) < 3:
+            raise RuntimeError("a bug")
+
+    metrics = Metrics()
+    with caplog.at_level(logging.ERROR):
+        keep_running("addresses", body, threading.Event(), metrics.helper_failed, pause=0.001)
+    assert len(runs) == 3
+    assert failures(metrics, "addresses") == 2
+    assert _logged(caplog, "addresses failed") == 2
