@@ -242,10 +242,12 @@ class Loop:
         for key, mask in self.sel.select(timeout):
             try:
                 self._event(key.data, mask)
-            except Exception:  # that connection's or server's: the others go on
+            except Exception:  # that connection's or listener's: the others go on
                 log.exception("%s: HTTP server failed", self.name)
                 if isinstance(key.data, _Conn):
                     self._drop(key.data)
+                elif isinstance(key.data, HTTPServer):
+                    self._pause(key.data)  # not accepting for a moment: no busy loop of errors
         while not self._done.empty():
             conn, data = self._done.get()
             self._respond(conn, data)
