@@ -59,8 +59,9 @@ def cmd_run(argv: Sequence[str], open_backends: Callable[[], Backends] | None = 
     cfg = _load("run", argv)
     if cfg is None:
         return 1
-    from ipvsproxy.process import malloc_tuning
+    from ipvsproxy.process import limits, malloc_tuning
 
+    limits.raise_open_files_limit()
     # Before the daemon's imports and lists: what malloc hands out from here on follows it.
     applied = malloc_tuning.configure()
     logging.getLogger("ipvsproxy").debug("malloc settings: %s", applied or "unchanged")

@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 
 REASON = "content of the proxy server's configuration file was updated"
 POLL_SECONDS = 2.0
+RETRY_MAX = 60.0  # the longest pause after failures in a row
 
 
 class ConfigWatch:
@@ -35,12 +36,27 @@ class ConfigWatch:
             return None
         return None if now == self.content else REASON
 
-    def run(self, stop: threading.Event, request_stop: Callable[[], None], period: float) -> None:
+    def run(
+        self,
+        stop: threading.Event,
+        request_stop: Callable[[], None],
+        period: float,
+        failed: Callable[[str], object] = lambda _helper: None,
+    ) -> None:
         """Polls every ``period`` until ``stop``, or until a change: logs it and stops the
-        daemon."""
+        daemon. Whatever a poll raises is logged and counted (``failed``), and polling goes on
+        after a pause that doubles while failures repeat."""
+        failures = 0
         try:
-            while not stop.wait(period):
-                reason = self.poll()
+            while not stop.wait(min(RETRY_MAX, period * 2**failures)):
+                try:
+                    reason = self.poll()
+                except Exception:
+                    failures += 1
+                    log.exception("config watch of %s failed (%d in a row)", self.path, failures)
+                    failed("config-watch")
+                    continue
+                failures = 0
                 if reason is not None:
                     self.reason = reason
                     log.error("%s (%s): exiting to be restarted with it", reason, self.path)
@@ -55,12 +71,16 @@ def start_config_watch(
     stop: threading.Event,
     request_stop: Callable[[], None],
     period: float = POLL_SECONDS,
+    failed: Callable[[str], object] = lambda _helper: None,
 ) -> ConfigWatch | None:
     """Watches ``cfg``'s --config file in a thread; None when there is no file."""
     if cfg.config_file is None or cfg.config_content is None:
         return None
     watch = ConfigWatch(cfg.config_file, cfg.config_content)
     threading.Thread(
-        target=watch.run, args=(stop, request_stop, period), name="config-watch", daemon=True
+        target=watch.run,
+        args=(stop, request_stop, period, failed),
+        name="config-watch",
+        daemon=True,
     ).start()
     return watch

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from ipvsproxy.config import ProxyConfig
@@ -28,6 +29,8 @@ from ipvsproxy.servers.healthz import HealthState
 
 log = logging.getLogger("ipvsproxy")
 POD_CIDR_WAIT = 300.0  # upstream waits 5 minutes for the Node's pod CIDR (NodeCIDR)
+NOTICE_RETRY = 1.0  # the first pause after the address notices failed; doubled up to 60 s
+NOTICE_RETRY_MAX = 60.0
 
 
 def rules_config(
@@ -90,12 +93,14 @@ class NodeTracker:
         health: HealthState,
         changes: ChangeTracker,
         stop: threading.Event,
+        failed: Callable[[str], object] = lambda _helper: None,
     ) -> None:
         self.cfg = cfg
         self.dp = dataplane
         self.health = health
         self.changes = changes
         self.stop = stop
+        self.failed = failed  # a helper thread's failure, counted
         self.last_seen: Kept | None = None  # this node's Node object, once seen
         self._lock = threading.Lock()  # guards last_seen
         self.addresses_stale = threading.Event()  # the kernel said the node's addresses changed
@@ -261,13 +266,33 @@ class NodeTracker:
     def watch_addresses(self, events: AddressEvents) -> None:
         """Until stopped: an address added to or removed from any interface but kube-ipvs0
         has the node's addresses read again at the next sync, which re-plans the Services that
-        read them only if they changed (pods' veths and DHCP renewals come and go often)."""
+        read them only if they changed (pods' veths and DHCP renewals come and go often). A
+        failure is logged and counted; after a pause that doubles while failures repeat, the
+        notices' socket is opened again and the addresses re-read (notices were lost meanwhile;
+        the addresses are re-read every sync period anyway)."""
+        failures, broken = 0, False
         while not self.stop.is_set():
             try:
-                changed = events.wait(1.0)
-            except OSError as exc:
-                log.warning("address notices: %s; addresses are re-read every sync period", exc)
-                return
+                if broken:
+                    events.reopen()
+                    broken, changed = False, None  # notices lost meanwhile: any may have changed
+                else:
+                    changed = events.wait(1.0)
+                    failures = 0
+            except Exception as exc:
+                failures, broken = failures + 1, True
+                pause = min(NOTICE_RETRY_MAX, NOTICE_RETRY * 2 ** (failures - 1))
+                log.warning(
+                    "address notices: %s (%d in a row); addresses are re-read every sync "
+                    "period, notices tried again in %g s",
+                    exc,
+                    failures,
+                    pause,
+                    exc_info=not isinstance(exc, OSError),
+                )
+                self.failed("addresses")
+                self.stop.wait(pause)
+                continue
             if changed is not None:
                 changed.discard(self.dp.backends.addresses.device_index())  # our own binds
                 if not changed:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ipvsproxy.config import ProxyConfig
+from ipvsproxy.core.ruleset import ChainKey
 from ipvsproxy.core.service_ports import cut
 from ipvsproxy.core.virtual_servers import ServiceKey
 from ipvsproxy.daemon.changes import (
@@ -30,6 +32,7 @@ from ipvsproxy.daemon.runner import SyncRunner
 from ipvsproxy.daemon.targets import health_check_targets
 from ipvsproxy.daemon.telemetry import Telemetry
 from ipvsproxy.dataplane.dataplane import Dataplane, SyncResult
+from ipvsproxy.dataplane.snapshot import DesiredView
 from ipvsproxy.kube.events import EventRecorder
 from ipvsproxy.kube.informer import Informer, Kept
 from ipvsproxy.process import gc_tuning
@@ -40,6 +43,20 @@ from ipvsproxy.servers.traffic_metrics import PortName, port_names
 from ipvsproxy.status import view
 
 log = logging.getLogger("ipvsproxy")
+
+
+@dataclass(frozen=True)
+class StatusCopy:
+    """What /status and /status/all show, copied at the end of a sync under the sync lock (the
+    desired state's values are replaced, never changed in place: copying the mappings copies
+    the state); the answers are built from it with no lock held."""
+
+    node: str
+    desired: DesiredView
+    last_sync: float | None
+    invalid: Mapping[str, str]
+    sets: Mapping[str, Collection[str]]
+    chains: Mapping[ChainKey, str | None] | None
 
 
 class Proxy:
@@ -58,9 +75,10 @@ class Proxy:
     Threads: the informers call the ``on_*`` handlers, which only mark; the runner thread
     (``run``) syncs; HTTP threads read ``status_document`` and ``health``. A sync holds
     ``sync_lock`` from the node refresh and the hand-over of the marked Services to the
-    dataplane until its result is recorded; ``status_document`` reads under it too, so it sees
-    no half-applied sync. Before the Services' and EndpointSlices' first lists are done
-    (``synced``) nothing is synced and nothing counts as queued for /healthz."""
+    dataplane until its result is recorded and ``status`` copied: ``status_document`` reads
+    that copy, never the lock, so it sees no half-applied sync and cannot delay one. Before
+    the Services' and EndpointSlices' first lists are done (``synced``) nothing is synced and
+    nothing counts as queued for /healthz."""
 
     def __init__(self, cfg: ProxyConfig, dataplane: Dataplane, metrics: Metrics) -> None:
         self.cfg = cfg
@@ -71,7 +89,9 @@ class Proxy:
         self.informers: list[Informer] = []
         self.events: EventRecorder | None = None
         self.changes = ChangeTracker(on_mark=self._queued, started=time.time())
-        self.node = NodeTracker(cfg, dataplane, self.health, self.changes, self.stop)
+        self.node = NodeTracker(
+            cfg, dataplane, self.health, self.changes, self.stop, metrics.helper_failed
+        )
         self.telemetry = Telemetry(metrics, self._warn, families=dataplane.plan_config.families)
         self.runner = SyncRunner(
             self.changes,
@@ -89,6 +109,8 @@ class Proxy:
         )
         self.sync_lock = threading.Lock()
         self.last_sync: float | None = None  # wall time of the last sync that ran to its end
+        # Nothing synced yet: nothing desired.
+        self.status = StatusCopy(dataplane.node.name, DesiredView({}, {}, {}), None, {}, {}, None)
 
     # -- events ------------------------------------------------------------------------------
 
@@ -186,6 +208,7 @@ class Proxy:
                 # As upstream: marks the proxier updated and clears what was queued.
                 self.last_sync = done
                 self.health.updated(done)
+            self.status = self._copy_status()
         self._health_checks()
         return result
 
@@ -224,37 +247,47 @@ class Proxy:
 
     # -- status ------------------------------------------------------------------------------
 
-    def status_document(self, kernel: bool = False) -> dict[str, Any]:
-        """The daemon's side of ``ipvsproxy status``: desired IPVS state and names; with
-        ``kernel`` (``status --all``) also the sets and chains a full sync keeps."""
-        with self.sync_lock:
-            pending = self.changes.pending()
-            desired = self.dp.desired_view()
-            doc = view.daemon_document(
-                node=self.dp.node.name,
-                virtual_servers=desired.virtual_servers,
-                real_servers=desired.real_servers,
-                identities=desired.identities,
-                addresses=desired.addresses,
-                last_sync=self.last_sync,
-                pending=pending,
-                invalid=self._invalid(),
-                state_file_problem=self.dp.state_problem,
-            )
-            if kernel:
-                doc.update(view.kernel_document(self.dp.desired_sets(), self.dp.expected_chains()))
-            return doc
+    def _copy_status(self) -> StatusCopy:
+        """The copy ``status_document`` reads (under the sync lock, or before syncs start)."""
+        desired = self.dp.desired_view()
+        return StatusCopy(
+            node=self.dp.node.name,
+            desired=DesiredView(
+                dict(desired.virtual_servers),
+                dict(desired.real_servers),
+                dict(desired.identities),
+                frozenset(desired.addresses),
+            ),
+            last_sync=self.last_sync,
+            invalid=self._invalid(),
+            sets={name: frozenset(m) for name, m in self.dp.desired_sets().items()},
+            chains=self.dp.expected_chains(),
+        )
 
-    def port_names(self, wait: float = 1.0) -> dict[ServiceKey, PortName] | None:
-        """The Service port of each desired virtual server (the per-Service traffic series'
-        names); None when a sync holds the lock more than ``wait`` seconds (a scrape does not
-        wait for a long sync)."""
-        if not self.sync_lock.acquire(timeout=wait):
-            return None
-        try:
-            return port_names(self.dp.desired_view().identities)
-        finally:
-            self.sync_lock.release()
+    def status_document(self, kernel: bool = False) -> dict[str, Any]:
+        """The daemon's side of ``ipvsproxy status``: desired IPVS state and names as of the
+        last sync; with ``kernel`` (``status --all``) also the sets and chains a full sync
+        keeps. Built from ``status`` without the sync lock."""
+        copy = self.status
+        doc = view.daemon_document(
+            node=copy.node,
+            virtual_servers=copy.desired.virtual_servers,
+            real_servers=copy.desired.real_servers,
+            identities=copy.desired.identities,
+            addresses=copy.desired.addresses,
+            last_sync=copy.last_sync,
+            pending=self.changes.pending(),
+            invalid=copy.invalid,
+            state_file_problem=self.dp.state_problem,  # a string, replaced whole: read live
+        )
+        if kernel:
+            doc.update(view.kernel_document(copy.sets, copy.chains))
+        return doc
+
+    def port_names(self) -> dict[ServiceKey, PortName]:
+        """The Service port of each desired virtual server as of the last sync (the
+        per-Service traffic series' names), from ``status``: a scrape never waits for a sync."""
+        return port_names(self.status.desired.identities)
 
     def _invalid(self) -> dict[str, str]:
         """Services that cannot be planned, and those whose programming failed."""

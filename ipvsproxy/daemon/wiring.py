@@ -38,7 +38,7 @@ from ipvsproxy.servers.healthz import json_route, serve_routes
 from ipvsproxy.servers.healthz import serve as serve_health
 from ipvsproxy.servers.httpserver import HTTPServer
 from ipvsproxy.servers.metrics import Metrics, upstream_routes
-from ipvsproxy.servers.traffic_metrics import PortName, ServiceTraffic
+from ipvsproxy.servers.traffic_metrics import ServiceTraffic
 
 log = logging.getLogger("ipvsproxy")
 
@@ -49,27 +49,32 @@ def start_server(
     hard_fail: bool,
     stop: threading.Event,
     retry: float = 5.0,
+    failed: Callable[[str], object] = lambda _helper: None,
 ) -> bool:
     """Start a server; when its port cannot be bound, False with bindAddressHardFail (the
-    daemon exits), else the error is logged and the server tried again every ``retry`` seconds
-    (upstream's behaviour either way)."""
-    try:
-        start()
-        return True
-    except OSError as exc:
-        if hard_fail:
-            log.error("cannot start the %s server: %s (bindAddressHardFail: exiting)", what, exc)
+    daemon exits), else the server is tried again every ``retry`` seconds until it starts
+    (upstream's behaviour either way), each failure logged and counted (``failed``)."""
+
+    def attempt() -> bool:
+        try:
+            start()
+            return True
+        except Exception as exc:  # OSError: the port; anything else: a bug, retried too
+            then = "bindAddressHardFail: exiting" if hard_fail else f"trying again in {retry:g} s"
+            log.error("cannot start the %s server: %s (%s)", what, exc, then)
+            failed(f"{what}-server")
             return False
-        log.error("cannot start the %s server: %s; trying again every %g s", what, exc, retry)
+
+    if attempt():
+        return True
+    if hard_fail:
+        return False
 
     def again() -> None:
         while not stop.wait(retry):
-            try:
-                start()
-            except OSError:
-                continue
-            log.info("the %s server started", what)
-            return
+            if attempt():
+                log.info("the %s server started", what)
+                return
 
     threading.Thread(target=again, name=f"start-{what}", daemon=True).start()
     return True
@@ -92,6 +97,54 @@ def remove_nftables_leftovers(open_nftables: Callable[[], NFTables] = NFTables) 
         log.info("removed kube-proxy's nftables table %s (left by its nftables mode)", table)
     for why in failed:
         log.warning("cannot remove kube-proxy's nftables table: %s", why)
+
+
+def start_servers(
+    cfg: ProxyConfig, metrics: Metrics, proxy: Proxy, stop: threading.Event, retry: float = 5.0
+) -> list[HTTPServer] | None:
+    """The health, metrics and status servers, each started (and tried again) on its own: one
+    that cannot bind never holds up, nor rebinds, another. The list holds those started, and
+    gets those started later; None: one could not bind with bindAddressHardFail."""
+    servers: list[HTTPServer] = []
+    starts: list[tuple[str, Callable[[], HTTPServer]]] = []
+    if cfg.healthz_bind_address:
+        address, answered = cfg.healthz_bind_address, metrics.health_answered
+        starts.append(("health", lambda: serve_health(proxy.health, address, answered)))
+    starts += [(what, start) for what, start in serve_metrics_starts(cfg, metrics, proxy)]
+    for what, start in starts:
+
+        def started(start: Callable[[], HTTPServer] = start) -> None:
+            servers.append(start())
+
+        if not start_server(
+            what, started, cfg.bind_address_hard_fail, stop, retry, metrics.helper_failed
+        ):
+            return None
+    return servers
+
+
+def keep_running(
+    what: str,
+    body: Callable[[], None],
+    stop: threading.Event,
+    failed: Callable[[str], object] = lambda _helper: None,
+    pause: float = 1.0,
+    longest: float = 60.0,
+) -> None:
+    """Run a helper thread's ``body`` until it returns or ``stop``: whatever it raises is
+    logged and counted (``failed``), and it runs again after a pause that doubles up to
+    ``longest`` while failures repeat: a helper never ends silently."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            body()
+            return
+        except Exception:
+            failures += 1
+            wait = min(longest, pause * 2 ** (failures - 1))
+            log.exception("%s failed (%d in a row); started again in %g s", what, failures, wait)
+            failed(what)
+        stop.wait(wait)
 
 
 def set_oom_score_adj(value: int, path: str = "/proc/self/oom_score_adj") -> None:
@@ -124,40 +177,42 @@ def api_client(cfg: ProxyConfig) -> Any:
     return client.ApiClient(conf)
 
 
-def serve_metrics(cfg: ProxyConfig, metrics: Metrics, proxy: Proxy) -> list[HTTPServer]:
+def serve_metrics_starts(
+    cfg: ProxyConfig, metrics: Metrics, proxy: Proxy
+) -> list[tuple[str, Callable[[], HTTPServer]]]:
     """/metrics with upstream's /proxyMode, /configz and /healthz, and /status (and
     /status/all, for ``status --all``) next to it or on its own address
-    (--status-bind-address)."""
+    (--status-bind-address): each server's name and its start."""
     status = {
         "/status": json_route(lambda: (200, proxy.status_document())),
         "/status/all": json_route(lambda: (200, proxy.status_document(kernel=True))),
     }
-    servers = []
+    starts: list[tuple[str, Callable[[], HTTPServer]]] = []
     apart = cfg.status_bind_address not in (None, cfg.metrics_bind_address)
     if cfg.metrics_bind_address:
+        address = cfg.metrics_bind_address
         routes = {**upstream_routes("ipvs", configz(cfg)), **({} if apart else status)}
-        servers.append(metrics.serve(cfg.metrics_bind_address, routes))
+        starts.append(("metrics", lambda: metrics.serve(address, routes)))
     if apart and cfg.status_bind_address:
-        servers.append(serve_routes(cfg.status_bind_address, status, "status", workers=2))
-    return servers
+        status_address = cfg.status_bind_address
+        starts.append(("status", lambda: serve_routes(status_address, status, "status", workers=2)))
+    return starts
+
+
+def serve_metrics(cfg: ProxyConfig, metrics: Metrics, proxy: Proxy) -> list[HTTPServer]:
+    """The servers of ``serve_metrics_starts``, started now."""
+    return [start() for _what, start in serve_metrics_starts(cfg, metrics, proxy)]
 
 
 def service_traffic(limit: int, proxy: Proxy) -> ServiceTraffic:
     """Per-Service traffic series: IPVS's counters through a socket of their own (scrapes run
-    beside syncs), named by the daemon's desired state (as of the last sync when one is
-    running)."""
+    beside syncs), named by the daemon's desired state as of the last sync."""
     ipvs = IPVS()
-    names: dict[ServiceKey, PortName] = {}
 
     def read() -> dict[ServiceKey, Traffic]:
         return {key: traffic for key, (_vs, traffic) in ipvs.services_with_traffic().items()}
 
-    def named() -> dict[ServiceKey, PortName]:
-        nonlocal names
-        names = proxy.port_names() or names
-        return names
-
-    return ServiceTraffic(limit, read, named)
+    return ServiceTraffic(limit, read, proxy.port_names)
 
 
 def informers(cfg: ProxyConfig, api: Any, proxy: Proxy, node_name: str) -> list[Informer]:
@@ -260,14 +315,8 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
     if cfg.service_traffic_metrics:
         metrics.registry.register(service_traffic(cfg.service_traffic_metrics, proxy))
     proxy.health.unserved = unserved
-    servers: list[tuple[str, Callable[[], object]]] = []
-    if cfg.healthz_bind_address:
-        address, answered = cfg.healthz_bind_address, metrics.health_answered
-        servers.append(("health", lambda: serve_health(proxy.health, address, answered)))
-    servers.append(("metrics", lambda: serve_metrics(cfg, metrics, proxy)))
-    for what, start in servers:
-        if not start_server(what, start, cfg.bind_address_hard_fail, proxy.stop):
-            return 1
+    if start_servers(cfg, metrics, proxy, proxy.stop) is None:
+        return 1
     proxy.informers = informers(cfg, api, proxy, node_name)
     proxy.events = EventRecorder(
         lambda ns, body: kube_client.create_event(api, ns, body), node_name
@@ -282,11 +331,15 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    watch = start_config_watch(cfg, proxy.stop, proxy.request_stop)
+    watch = start_config_watch(cfg, proxy.stop, proxy.request_stop, failed=metrics.helper_failed)
     if not proxy.wait_for_node():
         return 1
     threading.Thread(
-        target=proxy.node.watch_addresses, args=(events,), name="addresses", daemon=True
+        target=keep_running,
+        args=("addresses", lambda: proxy.node.watch_addresses(events), proxy.stop),
+        kwargs={"failed": metrics.helper_failed},
+        name="addresses",
+        daemon=True,
     ).start()
     log.info("ipvsproxy on node %s, node IP %s", node_name, proxy.node.ips_text())
     proxy.run()

@@ -114,11 +114,26 @@ class AddressEvents:
 
     def __init__(self, ipv6: bool = False) -> None:
         """``ipv6``: IPv6 addresses' notices too."""
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+        self.ipv6 = ipv6
+        self.sock = self._open()
+
+    def _open(self) -> socket.socket:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
         groups = rtnl_messages.RTMGRP_IPV4_IFADDR
-        if ipv6:
+        if self.ipv6:
             groups |= rtnl_messages.RTMGRP_IPV6_IFADDR
-        self.sock.bind((0, groups))
+        try:
+            sock.bind((0, groups))
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def reopen(self) -> None:
+        """A new socket in place of one that failed (the notices in between are lost)."""
+        sock = self._open()
+        self.sock.close()
+        self.sock = sock
 
     def close(self) -> None:
         self.sock.close()
@@ -126,8 +141,10 @@ class AddressEvents:
     def wait(self, timeout: float) -> set[int] | None:
         """The interfaces whose addresses changed (empty when none within ``timeout``); None
         when notices were lost (the socket's buffer overflowed): any may have changed."""
-        ready, _, _ = select.select([self.sock], [], [], timeout)
-        if not ready:
+        # poll, not select: the descriptor may be past 1,023 (the raised open files limit).
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        if not poller.poll(timeout * 1000):
             return set()
         try:
             data = self.sock.recv(1 << 16)

@@ -1,13 +1,17 @@
 """A small HTTP server for probes and scrapes that idle or slow clients cannot exhaust.
 
-One thread per listening socket reads requests and writes responses for every connection,
-without blocking, through a selector. A connection must deliver its request within
-``request_timeout`` seconds of being accepted and take its response within ``write_timeout``
-seconds of it being ready; otherwise it is closed. At ``max_connections`` open connections the
-oldest one is closed to admit the next, so idle connections (slowloris) can neither block a real
-probe nor use up threads or file descriptors. Handlers run on that thread, or on a fixed pool of
-``workers`` threads when they may wait (``/status`` waits for a running sync). One request per
-connection (``Connection: close``); GET and HEAD only.
+A ``Loop`` is one thread and one selector serving any number of ``HTTPServer``s (listening
+sockets) and all their connections, without blocking: the health-check node ports of every
+externalTrafficPolicy Local Service share one; the health, metrics and status servers have one
+each. A connection must deliver its request within ``request_timeout`` seconds of being
+accepted, have its answer ready within ``request_timeout`` seconds of the request and take it
+within ``write_timeout`` seconds; otherwise it is closed. At ``max_connections`` open
+connections of a server (those whose answer a worker is preparing included) its oldest one is
+closed to admit the next, so idle or slow clients (slowloris) can neither block a real probe
+nor use up threads or file descriptors, nor queue work: the route of a connection closed before
+a worker took it is not run. Handlers run on the loop's thread, or on its fixed pool of
+``workers`` threads when they take time (/metrics, /status). One request per connection
+(``Connection: close``); GET and HEAD only.
 """
 
 from __future__ import annotations
@@ -77,14 +81,15 @@ def parse_request(raw: bytes) -> tuple[str, str] | Response:
     return method, target.split("?", 1)[0]
 
 
-@dataclass
+@dataclass(eq=False)
 class _Conn:
     sock: socket.socket
-    accepted: float
+    server: HTTPServer
+    deadline: float
     inbox: bytearray = field(default_factory=bytearray)
     outbox: memoryview | None = None  # the response, from the next byte to send
-    deadline: float = 0.0
-    busy: bool = False  # a worker is answering it
+    busy: bool = False  # a worker is answering it (then it is not in the selector)
+    closed: bool = False
 
 
 WILDCARDS = ("0.0.0.0", "::", "")
@@ -118,136 +123,187 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-class HTTPServer:
-    """Serves ``handler`` on (host, port) from a daemon thread until ``close``."""
+class Loop:
+    """One thread and one selector for ``HTTPServer``s and their connections, until ``close``.
+    Only the loop's thread touches its selector, servers and connections: ``add`` and
+    ``remove`` run there (``call``); workers only run handlers."""
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        handler: Handler,
-        name: str,
-        *,
-        workers: int = 0,
-        request_timeout: float = REQUEST_TIMEOUT,
-        write_timeout: float = WRITE_TIMEOUT,
-        max_connections: int = MAX_CONNECTIONS,
-    ) -> None:
-        self.handler = handler
+    def __init__(self, name: str, workers: int = 0) -> None:
         self.name = name
-        self.request_timeout = request_timeout
-        self.write_timeout = write_timeout
-        self.max_connections = max_connections
-        self.listener = _bind(host, port)
-        self.server_address = self.listener.getsockname()
-        self.conns: dict[int, _Conn] = {}  # by file descriptor, oldest first
         self.sel = selectors.DefaultSelector()
-        self.sel.register(self.listener, selectors.EVENT_READ)
+        self.servers: set[HTTPServer] = set()
+        self.conns: dict[_Conn, None] = {}  # every server's, oldest first
+        self._paused: set[HTTPServer] = set()  # accepting paused: out of file descriptors
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self.sel.register(self._wake_r, selectors.EVENT_READ)
+        self.sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[tuple[_Conn, bytes]] = queue.SimpleQueue()
         self._jobs: queue.SimpleQueue[tuple[_Conn, str, str] | None] = queue.SimpleQueue()
         self._closing = threading.Event()
-        self._paused_until = 0.0  # accepting paused: out of file descriptors
-        self._workers = [
+        self.workers = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
             for i in range(workers)
         ]
-        for w in self._workers:
+        for w in self.workers:
             w.start()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     # -- life cycle --------------------------------------------------------------------------
 
+    def add(self, server: HTTPServer) -> None:
+        def add() -> None:
+            self.sel.register(server.listener, selectors.EVENT_READ, server)
+            self.servers.add(server)
+
+        self.call(add)
+
+    def remove(self, server: HTTPServer) -> None:
+        """Close ``server``'s listener and connections; the port is free when this returns."""
+        self.call(lambda: self._remove(server))
+
     def close(self) -> None:
-        """Stop serving; the port is free when this returns."""
+        """Stop serving; every port is free when this returns."""
         self._closing.set()
         self._wake()
         self._thread.join(timeout=5)
-        for _ in self._workers:
+        for _ in self.workers:
             self._jobs.put(None)
+
+    def call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the loop's thread (here once it has ended) and wait for it."""
+        if threading.current_thread() is self._thread or not self._thread.is_alive():
+            fn()
+            return
+        done = threading.Event()
+        raised: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:
+                raised.append(exc)
+            finally:
+                done.set()
+
+        self._calls.put(run)
+        self._wake()
+        while not done.wait(1.0):
+            if not self._thread.is_alive():  # ended meanwhile: its calls are run here
+                self._run_calls()
+        if raised:
+            raise raised[0]
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # already woken (buffer full), or closed
             self._wake_w.send(b"\0")
 
-    def _loop(self) -> None:
+    def _run(self) -> None:
+        """Until closed; a failure is logged and the loop goes on (after a pause that grows
+        while failures repeat): it serves every server it holds."""
+        failures = 0
         try:
             while not self._closing.is_set():
-                self._step()
-        except Exception:  # the server must not die silently
-            log.exception("%s: HTTP server failed", self.name)
+                try:
+                    self._step()
+                    failures = 0
+                except Exception:
+                    failures += 1
+                    log.exception("%s: HTTP server loop failed (%d in a row)", self.name, failures)
+                    self._closing.wait(min(5.0, 0.01 * 2**failures))
         finally:
-            for conn in list(self.conns.values()):
-                self._drop(conn)
+            for server in list(self.servers):
+                self._remove(server)
+            self._run_calls()
             self.sel.close()
-            self.listener.close()
             self._wake_r.close()
             self._wake_w.close()
 
+    def _run_calls(self) -> None:
+        while not self._calls.empty():
+            self._calls.get()()
+
+    def _remove(self, server: HTTPServer) -> None:
+        for conn in list(server.conns):
+            self._drop(conn)
+        if server in self.servers and server not in self._paused:
+            self.sel.unregister(server.listener)
+        self.servers.discard(server)
+        self._paused.discard(server)
+        server.listener.close()
+
     def _step(self) -> None:
         now = time.monotonic()
-        deadlines = [c.deadline for c in self.conns.values() if not c.busy]
-        if self._paused_until:
-            deadlines.append(self._paused_until)
+        deadlines = [c.deadline for c in self.conns]
+        deadlines += [s.paused_until for s in self._paused]
         timeout = max(0.0, min([*deadlines, now + 1.0]) - now)
         for key, mask in self.sel.select(timeout):
-            if key.fileobj is self.listener:
-                self._accept()
-            elif key.fileobj is self._wake_r:
-                self._drain_wake()
-            else:
-                conn = self.conns.get(key.fd)
-                if conn is not None and mask & selectors.EVENT_READ:
-                    self._read(conn)
-                elif conn is not None and mask & selectors.EVENT_WRITE:
-                    self._write(conn)
+            try:
+                self._event(key.data, mask)
+            except Exception:  # that connection's or listener's: the others go on
+                log.exception("%s: HTTP server failed", self.name)
+                if isinstance(key.data, _Conn):
+                    self._drop(key.data)
+                elif isinstance(key.data, HTTPServer):
+                    self._pause(key.data)  # not accepting for a moment: no busy loop of errors
         while not self._done.empty():
             conn, data = self._done.get()
             self._respond(conn, data)
+        self._run_calls()
         self._expire(time.monotonic())
+
+    def _event(self, data: object, mask: int) -> None:
+        if data is None:
+            self._drain_wake()
+        elif isinstance(data, HTTPServer):
+            self._accept(data)
+        elif isinstance(data, _Conn) and not data.closed:
+            if mask & selectors.EVENT_READ:
+                self._read(data)
+            elif mask & selectors.EVENT_WRITE:
+                self._write(data)
 
     # -- connections -------------------------------------------------------------------------
 
-    def _accept(self) -> None:
+    def _accept(self, server: HTTPServer) -> None:
         while True:
             try:
-                sock, _ = self.listener.accept()
+                sock, _ = server.listener.accept()
             except BlockingIOError:
                 return
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    if not self._drop_oldest():
-                        self._pause()
+                    if self.conns:
+                        self._drop(next(iter(self.conns)))
+                    else:
+                        self._pause(server)
                     return
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue
                 raise
             sock.setblocking(False)
-            now = time.monotonic()
-            conn = _Conn(sock, now, deadline=now + self.request_timeout)
-            self.conns[sock.fileno()] = conn
-            self.sel.register(sock, selectors.EVENT_READ)
-            if len(self.conns) > self.max_connections:
-                self._drop_oldest()
+            conn = _Conn(sock, server, deadline=time.monotonic() + server.request_timeout)
+            server.conns[conn] = None
+            self.conns[conn] = None
+            self.sel.register(sock, selectors.EVENT_READ, conn)
+            if len(server.conns) > server.max_connections:
+                self._drop(next(iter(server.conns)))
 
-    def _pause(self) -> None:
+    def _pause(self, server: HTTPServer) -> None:
         """Out of file descriptors with nothing to close: stop accepting for a moment."""
-        self.sel.unregister(self.listener)
-        self._paused_until = time.monotonic() + 0.5
-
-    def _drop_oldest(self) -> bool:
-        for conn in self.conns.values():
-            if not conn.busy:
-                self._drop(conn)
-                return True
-        return False
+        self.sel.unregister(server.listener)
+        server.paused_until = time.monotonic() + 0.5
+        self._paused.add(server)
 
     def _drop(self, conn: _Conn) -> None:
-        if self.conns.pop(conn.sock.fileno(), None) is not None and not conn.busy:
+        if conn.closed:
+            return
+        conn.closed = True
+        conn.server.conns.pop(conn, None)
+        self.conns.pop(conn, None)
+        if not conn.busy:
             self.sel.unregister(conn.sock)
         conn.sock.close()
 
@@ -263,12 +319,12 @@ class HTTPServer:
         self._drop(conn)
 
     def _expire(self, now: float) -> None:
-        late = [c for c in self.conns.values() if not c.busy and c.deadline <= now]
+        late = [c for c in self.conns if c.deadline <= now]
         for conn in late:
             self._drop(conn)
-        if self._paused_until and now >= self._paused_until:
-            self._paused_until = 0.0
-            self.sel.register(self.listener, selectors.EVENT_READ)
+        for server in [s for s in self._paused if now >= s.paused_until]:
+            self._paused.discard(server)
+            self.sel.register(server.listener, selectors.EVENT_READ, server)
 
     def _drain_wake(self) -> None:
         try:
@@ -296,39 +352,34 @@ class HTTPServer:
         parsed = parse_request(bytes(conn.inbox[:end]))
         if isinstance(parsed, Response):
             self._respond(conn, render(parsed, False))
-        elif self._workers:
+        elif self.workers:
+            # Its answer, too, has a deadline, and it stays under the server's cap.
             conn.busy = True
+            conn.deadline = time.monotonic() + conn.server.request_timeout
             self.sel.unregister(conn.sock)
             self._jobs.put((conn, *parsed))
         else:
-            self._respond(conn, self._answer(*parsed))
-
-    def _answer(self, method: str, path: str) -> bytes:
-        try:
-            resp = self.handler(path)
-        except Exception:
-            log.exception("%s: %s %s", self.name, method, path)
-            resp = text(500, "internal server error")
-        return render(resp, method == "HEAD")
+            self._respond(conn, conn.server.answer(*parsed))
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
             conn, method, path = job
-            self._done.put((conn, self._answer(method, path)))
+            if conn.closed:  # its client is gone (the cap, a deadline): not worth the work
+                continue
+            self._done.put((conn, conn.server.answer(method, path)))
             self._wake()
 
     def _respond(self, conn: _Conn, data: bytes) -> None:
         """Send ``data``, then close; the rest of the request is not read."""
+        if conn.closed:
+            return
         if conn.busy:
             conn.busy = False
-            if self._closing.is_set():
-                conn.sock.close()
-                return
-            self.sel.register(conn.sock, selectors.EVENT_WRITE)
+            self.sel.register(conn.sock, selectors.EVENT_WRITE, conn)
         else:
-            self.sel.modify(conn.sock, selectors.EVENT_WRITE)
+            self.sel.modify(conn.sock, selectors.EVENT_WRITE, conn)
         conn.outbox = memoryview(data)
-        conn.deadline = time.monotonic() + self.write_timeout
+        conn.deadline = time.monotonic() + conn.server.write_timeout
         self._write(conn)
 
     def _write(self, conn: _Conn) -> None:
@@ -344,3 +395,54 @@ class HTTPServer:
         conn.outbox = conn.outbox[sent:]
         if not conn.outbox:
             self._finish(conn)
+
+
+class HTTPServer:
+    """Serves ``handler`` on (host, port) until ``close``: from ``loop``, or from a loop of its
+    own with ``workers`` worker threads."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        handler: Handler,
+        name: str,
+        *,
+        workers: int = 0,
+        request_timeout: float = REQUEST_TIMEOUT,
+        write_timeout: float = WRITE_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
+        loop: Loop | None = None,
+    ) -> None:
+        self.handler = handler
+        self.name = name
+        self.request_timeout = request_timeout
+        self.write_timeout = write_timeout
+        self.max_connections = max_connections
+        self.conns: dict[_Conn, None] = {}  # oldest first
+        self.paused_until = 0.0
+        self.listener = _bind(host, port)
+        self.server_address = self.listener.getsockname()
+        self._own_loop = loop is None
+        self.loop = Loop(name, workers) if loop is None else loop
+        try:
+            self.loop.add(self)
+        except BaseException:
+            self.listener.close()
+            if self._own_loop:
+                self.loop.close()
+            raise
+
+    def close(self) -> None:
+        """Stop serving; the port is free when this returns."""
+        self.loop.remove(self)
+        if self._own_loop:
+            self.loop.close()
+
+    def answer(self, method: str, path: str) -> bytes:
+        try:
+            resp = self.handler(path)
+        except Exception:
+            log.exception("%s: %s %s", self.name, method, path)
+            resp = text(500, "internal server error")
+        return render(resp, method == "HEAD")

@@ -200,6 +200,16 @@ class Metrics:
             "Real servers at weight 0 waiting for their connections to end",
             registry=r,
         )
+        self.helper_failures = Counter(
+            "ipvsproxy_helper_failures",
+            "Failures of a helper thread (address notices, config watch, a server's start), "
+            "each logged; the helper goes on after a pause",
+            ["helper"],
+            registry=r,
+        )
+
+    def helper_failed(self, helper: str) -> None:
+        self.helper_failures.labels(helper).inc()
 
     def _process_metrics(self, r: CollectorRegistry) -> None:
         """The process_* series of upstream's Go client (prometheus_client's and the rest),
@@ -225,8 +235,8 @@ class Metrics:
 
     def serve(self, address: str, extra: Mapping[str, Route]) -> HTTPServer:
         """/metrics, and ``extra`` routes (``upstream_routes``, the daemon's /status) on the
-        same local address. The routes run on two workers, as /status waits for a running
-        sync."""
+        same local address. The routes run on two workers: an exposition or a /status
+        answer takes a while at thousands of Services, and probes must not wait for it."""
 
         def metrics() -> tuple[int, str, bytes]:
             return 200, CONTENT_TYPE_LATEST, self.exposition()

@@ -6,7 +6,9 @@ only to nodes that answer 200: those with a local endpoint, while the proxy itse
 (upstream's IsHealthy, /livez's answer: the node's eligibility is /healthz's business). Each
 port listens on the node-port addresses (``nodePortAddresses``' matches), or on every address
 when that is unset; a port that cannot be bound is a Warning Event on its Service and is tried
-again at the next sync.
+again at the next sync. Every port is served from one thread (one ``Loop``), and takes one
+listening socket per address: hundreds of such Services use neither hundreds of threads nor
+the descriptors a container has.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ipvsproxy.servers.httpserver import HTTPServer, Response
+from ipvsproxy.servers.httpserver import HTTPServer, Loop, Response
 
 log = logging.getLogger("ipvsproxy.servers.service_health")
 # Both families (a wildcard does): upstream's IPv4 and IPv6 proxiers listen on 0.0.0.0 and ::.
@@ -33,7 +35,12 @@ class _Server:
     """One port: an HTTP server per address, all answering for ``target``."""
 
     def __init__(
-        self, port: int, addresses: tuple[str, ...], target: Target, healthy: Callable[[], bool]
+        self,
+        port: int,
+        addresses: tuple[str, ...],
+        target: Target,
+        healthy: Callable[[], bool],
+        loop: Loop,
     ) -> None:
         self.target = target
         self.addresses = addresses
@@ -41,7 +48,7 @@ class _Server:
         self.httpds: list[HTTPServer] = []
         try:
             for address in addresses:
-                self.httpds.append(HTTPServer(address, port, self._answer, f"hc-{port}"))
+                self.httpds.append(HTTPServer(address, port, self._answer, f"hc-{port}", loop=loop))
         except OSError:
             self.close()  # what was opened goes, so the next sync tries the whole port again
             raise
@@ -81,6 +88,12 @@ class HealthCheckServers:
         self.proxy_healthy = proxy_healthy
         self.report = report  # (service, reason, message): a Warning Event
         self.node = node
+        self._loop: Loop | None = None  # every port's, from the first one on
+
+    def _shared_loop(self) -> Loop:
+        if self._loop is None:
+            self._loop = Loop("health-checks")
+        return self._loop
 
     def sync(self, wanted: Mapping[int, Target], addresses: Sequence[str] | None = None) -> None:
         """Serve exactly ``wanted`` (port -> target) on ``addresses`` (None: every address;
@@ -97,7 +110,9 @@ class HealthCheckServers:
             if server is not None:
                 self.servers.pop(port).close()
             try:
-                self.servers[port] = _Server(port, listen, target, self.proxy_healthy)
+                self.servers[port] = _Server(
+                    port, listen, target, self.proxy_healthy, self._shared_loop()
+                )
             except OSError as exc:
                 message = (
                     f'node {self.node} failed to start healthcheck "{target.service}" '
@@ -109,3 +124,6 @@ class HealthCheckServers:
 
     def close(self) -> None:
         self.sync({})
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None

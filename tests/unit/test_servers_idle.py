@@ -119,6 +119,64 @@ def test_a_connection_that_sends_no_request_is_closed() -> None:
         server.close()
 
 
+class Held:
+    """A handler that waits until released (a route on a worker), counting its calls."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.calls = 0
+
+    def __call__(self, _path: str) -> Response:
+        self.calls += 1
+        self.release.wait(PROBE_TIMEOUT)
+        return Response(200, "text/plain", b"ok")
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    try:
+        return s.recv(100) == b""
+    except ConnectionResetError:  # closed with the request unread
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_connections_handed_to_workers_are_under_the_cap() -> None:
+    """Requests waiting for a worker count against the cap, the oldest closed first, and
+    their routes are not run once their connection is gone."""
+    held = Held()
+    server = HTTPServer("127.0.0.1", 0, held, "t", workers=1, max_connections=4)
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(10):
+            s = socket.create_connection(server.server_address[:2], timeout=PROBE_TIMEOUT)
+            s.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+            socks.append(s)
+        assert all(closed_by_server(s) for s in socks[:6])
+        held.release.set()
+        for s in socks[6:]:
+            assert s.recv(100).startswith(b"HTTP/1.1 200 OK")
+        # The four kept, and the one that may have been running when its connection closed.
+        assert held.calls <= 5
+    finally:
+        held.release.set()
+        for s in socks:
+            s.close()
+        server.close()
+
+
+def test_a_connection_handed_to_a_worker_has_a_deadline() -> None:
+    held = Held()
+    server = HTTPServer("127.0.0.1", 0, held, "t", workers=1, request_timeout=0.3)
+    try:
+        with socket.create_connection(server.server_address[:2], timeout=PROBE_TIMEOUT) as s:
+            s.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert closed_by_server(s)  # by the server, before the route answered
+    finally:
+        held.release.set()
+        server.close()
+
+
 def test_daemon_servers_time_out_idle_connections() -> None:
     """The timeout above is what the daemon's servers use: finite, not the 1,000 idle ones'
     forever."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -123,3 +125,32 @@ def test_a_port_that_cannot_be_bound_is_an_event_on_the_service(servers: Any) ->
     # Freed: the next sync binds it.
     hcs.sync({port: Target("default/web", 1)}, ("127.0.0.1",))
     assert get("127.0.0.1", port)[0] == 200
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_300_ports_are_served_by_one_thread_and_one_descriptor_each(servers: Any) -> None:
+    """300 externalTrafficPolicy Local Services: their ports take one listening socket each and
+    share one thread (a thread and four descriptors per port used up a container's 1,024)."""
+    hcs, _, _ = servers
+    ports: list[int] = []
+    while len(ports) < 300:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    threads, fds = threading.active_count(), open_descriptors()
+    hcs.sync({p: Target(f"default/web-{i}", i % 3) for i, p in enumerate(ports)}, ("127.0.0.1",))
+    # The shared loop's own: a selector and its wake-up pair.
+    assert open_descriptors() - fds <= len(ports) + 3
+    assert threading.active_count() - threads <= 1
+    for i, port in enumerate(ports):
+        status, body, _ = get("127.0.0.1", port)
+        assert (status, body["service"]["name"], body["localEndpoints"]) == (
+            200 if i % 3 else 503,
+            f"web-{i}",
+            i % 3,
+        )
+    hcs.sync({}, ("127.0.0.1",))
+    assert all(refused("127.0.0.1", p) for p in ports[:10])
