@@ -45,6 +45,8 @@ from packaging.utils import canonicalize_name
 import ipvsproxy
 from deploy import prepare_sysctls
 from ipvsproxy import config
+from ipvsproxy.servers.healthz import HealthState
+from ipvsproxy.servers.healthz import routes as health_routes
 
 # Loaded through importlib, as ipvsproxy/config/file.py loads PyYAML: neither ships type hints.
 yaml: Any = importlib.import_module("yaml")
@@ -669,15 +671,36 @@ def test_daemonset_mounts_what_ipvsproxy_needs_from_the_host() -> None:
     assert volume["configMap"]["name"] == docs_by_kind()["ConfigMap"]["metadata"]["name"]
 
 
-def test_daemonset_probes_livez_and_healthz_on_the_healthz_port() -> None:
+def test_daemonset_probes_readyz_and_livez_on_the_healthz_port() -> None:
+    """Startup and readiness on /readyz (503 until the first full sync ended, never the node's
+    eligibility), liveness on /livez (the sync loop is alive). Not /healthz: it is 503 on a
+    node tainted ToBeDeletedByClusterAutoscaler, and a readiness probe on it makes that node's
+    pod unavailable, using up maxUnavailable and stalling a rollout (issue 28, item 19)."""
     c = container()
     for probe, path in (
-        ("startupProbe", "/livez"),
+        ("startupProbe", "/readyz"),
         ("livenessProbe", "/livez"),
-        ("readinessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
     ):
         assert c[probe]["httpGet"] == {"path": path, "port": config.HEALTHZ_PORT}, probe
     assert config.HEALTHZ_PORT == 10256
+    assert "/healthz" not in str(
+        [c[p] for p in ("startupProbe", "livenessProbe", "readinessProbe")]
+    )
+
+
+def test_the_probes_paths_answer_as_the_daemonset_expects() -> None:
+    """Each probed path exists on the health server; /readyz ignores the node's eligibility."""
+    state = HealthState(timeout=60.0)
+    routes = health_routes(state)
+    c = container()
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"]["path"] in routes, probe
+    state.sync_ended(full=True)
+    state.node_eligible = False
+    assert routes["/readyz"]()[0] == 200
+    assert routes["/livez"]()[0] == 200
+    assert routes["/healthz"]()[0] == 503
 
 
 # -- the ConfigMap through ipvsproxy.config ----------------------------------------------------
