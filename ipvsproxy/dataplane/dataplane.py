@@ -36,6 +36,7 @@ from ipvsproxy.dataplane.differ import differing
 from ipvsproxy.dataplane.drain import FlushRun, StaleUdpFlows, drain, expired
 from ipvsproxy.dataplane.observed import (
     Observed,
+    Problem,
     adopt_recorded,
     read_kernel,
     record_ipvs,
@@ -50,6 +51,7 @@ from ipvsproxy.dataplane.steps import (
     converge_virtual_servers,
     unbind_addresses,
     write_rules,
+    write_rules_leaving_out,
 )
 from ipvsproxy.kernel.backends import Backends as Backends
 from ipvsproxy.kernel.errors import ApplyError
@@ -161,6 +163,9 @@ class Dataplane:
         # A kernel read or set creation that fails, by what: reported when it starts failing
         # (or fails otherwise), not at every sync; gone once it works again.
         self.kernel_problems: dict[str, str] = {}
+        # Sets whose rules the kernel refused (a match it lacks), and why: left out of the
+        # rules, their Services failed, tried again with those Services' retries.
+        self.rules_refused: dict[str, str] = {}
 
     # -- input -------------------------------------------------------------------------------
 
@@ -286,6 +291,7 @@ class Dataplane:
                 return result
             changes.merge(retry)
             self.stale_udp.retry(retry.services)
+            self._retry_rules(retry)
         self._converge(changes, result)
         result.writes = self.backends.writes() - writes
         result.seconds = time.monotonic() - start
@@ -313,7 +319,9 @@ class Dataplane:
             result.errors.append(f"reading the kernel: {exc}")
             result.complete = False
             return result
-        self.stale_udp.retry(self.failures.begin(everything=True).services)
+        retry = self.failures.begin(everything=True)
+        self.stale_udp.retry(retry.services)
+        self._retry_rules(retry)
         self._converge(differing(self.desired, self.observed), result)
         result.writes = self.backends.writes() - writes
         result.seconds = time.monotonic() - start
@@ -350,13 +358,57 @@ class Dataplane:
             self.kernel_problems[what] = message
             result.errors.append(message)
 
-    def _rules_text(self) -> str:
+    def _retry_rules(self, retry: Changes) -> None:
+        """The rules of the sets whose members a retry converges again are tried again."""
+        for name in retry.members:
+            self.rules_refused.pop(name, None)
+
+    def _existing_sets(self) -> Collection[str] | None:
+        """Our sets that exist in the kernel, as the cache has them (None: unknown)."""
+        obs = self.observed
+        if obs is None or "ipsets" in obs.unread:
+            return None
+        return obs.members.keys()
+
+    def _rules_text(
+        self, existing: Collection[str] | None = None, leave_out: frozenset[str] = frozenset()
+    ) -> str:
+        """The rules of the non-empty sets but those that do not exist (``existing``: those
+        that do; None: unknown), those whose rules the kernel refused and ``leave_out``."""
+        sets = self.desired.nonempty_sets() - self.rules_refused.keys() - leave_out
+        if existing is not None:
+            sets = frozenset(name for name in sets if name in existing)
         return ruleset.render_families(
-            self.rules_config,
-            self.desired.nonempty_sets(),
-            self.desired.out_filters(),
-            self.plan_config.families,
+            self.rules_config, sets, self.desired.out_filters(), self.plan_config.families
         )
+
+    def _write_rules(self, blame: Blame, result: SyncResult, problem: Problem) -> None:
+        """Write the rules the kernel can hold: the groups of rules it refuses are left out
+        (``rules_refused``) and fail the Services with members in their sets. Rules that
+        cannot be written even without them make the sync incomplete."""
+        obs = self._cache()
+        nonempty = self.desired.nonempty_sets()
+        self.rules_refused = {k: v for k, v in self.rules_refused.items() if k in nonempty}
+        existing = self._existing_sets()
+        groups = ruleset.rule_groups(
+            nonempty - self.rules_refused.keys(), self.plan_config.families
+        )
+        if existing is not None:
+            groups = [name for name in groups if name in existing]
+        try:
+            refused = write_rules_leaving_out(
+                lambda out: self._rules_text(existing, out),
+                groups,
+                lambda text: write_rules(text, obs, self.state, self.backends, problem),
+            )
+        except Exception as exc:
+            result.errors.append(f"iptables: {exc}")
+            result.complete = False
+            return
+        self.rules_refused.update(refused)
+        for name, why in sorted(self.rules_refused.items()):
+            reason = f"the kernel refuses the iptables rules of ipset {name}: {why}"
+            blame.rules(name, reason, again=name in refused)
 
     def _converge(self, changes: Changes, result: SyncResult) -> None:
         """Each step on its own: what one step, or one Service's operations in it, raise is
@@ -430,11 +482,7 @@ class Dataplane:
                 result.errors.append(f"{type(exc).__name__}: {exc}")
                 self.observed = None
         if self.observed is not None:
-            try:
-                write_rules(self._rules_text(), self.observed, self.state, backends, problem)
-            except Exception as exc:
-                result.errors.append(f"iptables: {exc}")
-                result.complete = False
+            self._write_rules(blame, result, problem)
         try:
             self._save_state()
         except Exception as exc:
@@ -542,7 +590,7 @@ class Dataplane:
         obs = self.observed
         if obs is None:
             return None
-        now = ruleset.rendered_chains(self._rules_text())
+        now = ruleset.rendered_chains(self._rules_text(self._existing_sets()))
         written = ruleset.rendered_chains(obs.rules_text or "")
         return {
             key: obs.chains.get(key) if written.get(key) == lines else None
