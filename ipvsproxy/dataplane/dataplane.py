@@ -75,7 +75,8 @@ class SyncResult:
     failed: dict[str, str] = field(default_factory=dict)  # Services that failed, and why
     conntrack: list[FlushRun] = field(default_factory=list)  # each family's stale UDP flush
     # The sync ran to its end: upstream's proxier marks itself updated (healthy) then. Only
-    # rules that could not be written stop that, as upstream's failed iptables-restore does.
+    # rules that could not be written even without any set's rules (the base every node
+    # needs) stop that, as upstream's failed iptables-restore does.
     complete: bool = True
 
 
@@ -105,6 +106,9 @@ class Dataplane:
       fails the Service that wants its object, retried on its own backoff; the others are
       programmed. An error no Service can be blamed for drops the cache: the next sync reads
       the kernel back.
+    - Rules are written as the kernel can hold them: the rules of a set that does not exist,
+      or that the kernel refuses (``rules_refused``), are left out and fail the Services with
+      members in that set; they are tried again with those Services' retries.
     - A real server no Service wants drains at weight 0 until idle or past ``grace_seconds``.
     - Every successful write is recorded in the cache; the state file names a virtual server
       as ours before the kernel has it, and forgets it once deleted.
