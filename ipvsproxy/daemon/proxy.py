@@ -34,7 +34,7 @@ from ipvsproxy.kube.events import EventRecorder
 from ipvsproxy.kube.informer import Informer, Kept
 from ipvsproxy.process import gc_tuning
 from ipvsproxy.servers.healthz import HealthState
-from ipvsproxy.servers.metrics import Metrics
+from ipvsproxy.servers.metrics import FAMILY_LABELS, Metrics
 from ipvsproxy.servers.service_health import HealthCheckServers
 from ipvsproxy.servers.traffic_metrics import PortName, port_names
 from ipvsproxy.status import view
@@ -66,7 +66,10 @@ class Proxy:
         self.cfg = cfg
         self.dp = dataplane
         self.metrics = metrics
-        self.health = HealthState(timeout=2 * cfg.sync_period)
+        self.health = HealthState(
+            timeout=2 * cfg.sync_period,
+            families=tuple(FAMILY_LABELS[f] for f in dataplane.plan_config.families),
+        )
         self.stop = threading.Event()
         self.informers: list[Informer] = []
         self.events: EventRecorder | None = None

@@ -51,6 +51,9 @@ class HealthState:
     # What of the state file cannot be read or written (shown, never a failure: the node is
     # programmed; only a restart meanwhile would know less of what is ours)
     state_file: str | None = None
+    # The IP families served ("IPv4", "IPv6"): one proxier stands for each in the body's
+    # ``status``, as upstream's per-family proxiers.
+    families: tuple[str, ...] = ()
     oldest_unsynced: float | None = None  # the oldest change queued that no sync ended since
     first_full_sync: float | None = None  # when the first full sync ended (any outcome)
 
@@ -80,9 +83,8 @@ class HealthState:
         now = now or time.time()
         with self.lock:
             healthy = self.oldest_queued is None or now - self.oldest_queued < self.timeout
-            if node_check:
-                healthy = healthy and self.node_eligible
-            return self._answer(healthy, now, node_check)
+            eligible = self.node_eligible or not node_check
+            return self._answer(healthy, now, node_check, eligible)
 
     def live(self, now: float | None = None) -> tuple[int, dict[str, Any]]:
         """/livez: the sync loop is alive (a change queued the timeout ago was followed by
@@ -101,14 +103,24 @@ class HealthState:
     def _alive(self, now: float) -> bool:
         return self.oldest_unsynced is None or now - self.oldest_unsynced < self.timeout
 
-    def _answer(self, healthy: bool, now: float, node_check: bool) -> tuple[int, dict[str, Any]]:
-        """The status code and upstream's body (called with ``lock`` held)."""
+    def _answer(
+        self, healthy: bool, now: float, node_check: bool, eligible: bool = True
+    ) -> tuple[int, dict[str, Any]]:
+        """The status code (200: ``healthy`` and ``eligible``) and upstream's body, whose
+        ``healthy`` is the proxier's alone (called with ``lock`` held)."""
+        ok = healthy and eligible
         # Upstream answers lastUpdated = currentTime while healthy (its older releases'
         # meaning: the sync loop ran recently).
         body: dict[str, Any] = {
-            "lastUpdated": _rfc3339(now if healthy else self.last_updated),
+            "lastUpdated": _rfc3339(now if ok else self.last_updated),
             "currentTime": _rfc3339(now),
+            "healthy": healthy,
         }
+        if self.last_updated is not None and self.families:
+            updated = _rfc3339(self.last_updated)
+            body["status"] = {
+                f: {"lastUpdated": updated, "healthy": healthy} for f in self.families
+            }
         if node_check:
             body["nodeEligible"] = self.node_eligible
         if self.unserved:
@@ -117,7 +129,7 @@ class HealthState:
             body["noNodePortAddressIPFamilies"] = dict(self.no_node_ports)
         if self.state_file:
             body["stateFile"] = self.state_file
-        return (200 if healthy else 503), body
+        return (200 if ok else 503), body
 
 
 # A route answers (status code, content type, body).

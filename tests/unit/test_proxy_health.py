@@ -227,3 +227,27 @@ def test_healthz_and_livez_answers_are_counted_by_code() -> None:
     assert count("kubeproxy_proxy_healthz_total", {"code": "503"}) == 1.0
     assert count("kubeproxy_proxy_livez_total", {"code": "200"}) == 1.0
     assert count("kubeproxy_proxy_livez_total", {"code": "503"}) is None
+
+
+def test_healthz_body_has_upstreams_healthy_and_per_family_status() -> None:
+    """Upstream's ProxyHealth JSON: ``healthy`` always, ``status`` with each family's proxier
+    (its lastUpdated and health) once it was marked updated; one proxier stands for both
+    families here, so each served family shows the same."""
+    state = HealthState(timeout=TIMEOUT, families=("IPv4", "IPv6"))
+    code, body = state.status(node_check=True)
+    assert (code, body["healthy"]) == (200, True) and "status" not in body
+    state.updated(now=1000.0)
+    state.queued(now=1001.0)
+    code, body = state.status(node_check=True, now=1001.0 + TIMEOUT)
+    assert (code, body["healthy"]) == (503, False)
+    updated = body["lastUpdated"]
+    assert body["status"] == {
+        "IPv4": {"lastUpdated": updated, "healthy": False},
+        "IPv6": {"lastUpdated": updated, "healthy": False},
+    }
+    state.node_eligible = False
+    state.updated(now=2000.0)
+    code, body = state.status(node_check=True, now=2001.0)
+    # Upstream: ``healthy`` is the proxiers' health; the node's eligibility is its own field.
+    assert (code, body["healthy"], body["nodeEligible"]) == (503, True, False)
+    assert body["status"]["IPv4"]["healthy"] is True
