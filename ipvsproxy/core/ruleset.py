@@ -293,17 +293,25 @@ OPTIONAL_SETS = (
 )
 
 
-def rule_groups(sets: Iterable[str], families: Iterable[int] = (4,)) -> list[str]:
+# The group of KUBE-IPVS-OUT-FILTER's rules (-m ipvs): the Services with an OutFilter own it.
+OUT_FILTERS = "KUBE-IPVS-OUT-FILTER"
+
+
+def rule_groups(
+    sets: Iterable[str], families: Iterable[int] = (4,), out_filters: bool = False
+) -> list[str]:
     """The optional sets of ``families`` among ``sets`` (non-empty sets of any family), in
-    rendering order: each one's rules can be left out of ``render_families`` on its own by
-    leaving it out of ``sets``."""
+    rendering order, and OUT_FILTERS if there are ``out_filters``: each one's rules can be
+    left out of ``render_families`` on its own (a set by leaving it out of ``sets``, the
+    out filters by rendering none)."""
     have = frozenset(sets)
-    return [
+    groups = [
         name
         for family in families
         for base in OPTIONAL_SETS
         if (name := ipset_specs.for_family(base, family)) in have
     ]
+    return [*groups, OUT_FILTERS] if out_filters else groups
 
 
 FAMILY_MARK = "# ipvsproxy: ip6tables-restore from here"

@@ -49,6 +49,14 @@ class Blame:
         for owner, mine in sorted(entries.items()):
             self.failures.fail(owner, why, Changes(members={set_name: mine}))
 
+    def out_filters(self, why: str, again: bool) -> None:
+        """Fail the Services with a KUBE-IPVS-OUT-FILTER rule, which the kernel refuses
+        (``again``: also those failed already); their retry converges those virtual servers."""
+        for service, plan in sorted(self.desired.plans.items()):
+            if plan.out_filters and (again or service not in self.failures.by_service):
+                keys = {ServiceKey(f.address, f.protocol, f.port) for f in plan.out_filters}
+                self.failures.fail(service, why, Changes(services=keys))
+
     def refused(self, ops: list[ServiceOp | DestOp], exc: ApplyError) -> None:
         """Fail the Services whose virtual or real servers the kernel refused."""
         for i in sorted(exc.failed):

@@ -363,9 +363,15 @@ class Dataplane:
             result.errors.append(message)
 
     def _retry_rules(self, retry: Changes) -> None:
-        """The rules of the sets whose members a retry converges again are tried again."""
+        """The rules of the sets whose members a retry converges again are tried again, and
+        the out filters if it converges one's virtual server again."""
         for name in retry.members:
             self.rules_refused.pop(name, None)
+        if ruleset.OUT_FILTERS in self.rules_refused and any(
+            ServiceKey(f.address, f.protocol, f.port) in retry.services
+            for f in self.desired.out_filters()
+        ):
+            del self.rules_refused[ruleset.OUT_FILTERS]
 
     def _existing_sets(self) -> Collection[str] | None:
         """Our sets that exist in the kernel, as the cache has them (None: unknown)."""
@@ -379,26 +385,30 @@ class Dataplane:
     ) -> str:
         """The rules of the non-empty sets but those that do not exist (``existing``: those
         that do; None: unknown), those whose rules the kernel refused and ``leave_out``."""
-        sets = self.desired.nonempty_sets() - self.rules_refused.keys() - leave_out
+        out = self.rules_refused.keys() | leave_out
+        sets = self.desired.nonempty_sets() - out
         if existing is not None:
             sets = frozenset(name for name in sets if name in existing)
-        return ruleset.render_families(
-            self.rules_config, sets, self.desired.out_filters(), self.plan_config.families
-        )
+        filters = [] if ruleset.OUT_FILTERS in out else self.desired.out_filters()
+        return ruleset.render_families(self.rules_config, sets, filters, self.plan_config.families)
 
     def _write_rules(self, blame: Blame, result: SyncResult, problem: Problem) -> None:
         """Write the rules the kernel can hold: the groups of rules it refuses are left out
         (``rules_refused``) and fail the Services with members in their sets. Rules that
         cannot be written even without them make the sync incomplete."""
         obs = self._cache()
-        nonempty = self.desired.nonempty_sets()
-        self.rules_refused = {k: v for k, v in self.rules_refused.items() if k in nonempty}
+        wanted = set(self.desired.nonempty_sets())
+        if self.desired.out_filters():
+            wanted.add(ruleset.OUT_FILTERS)
+        self.rules_refused = {k: v for k, v in self.rules_refused.items() if k in wanted}
         existing = self._existing_sets()
         groups = ruleset.rule_groups(
-            nonempty - self.rules_refused.keys(), self.plan_config.families
+            wanted - self.rules_refused.keys(),
+            self.plan_config.families,
+            out_filters=ruleset.OUT_FILTERS in wanted - self.rules_refused.keys(),
         )
         if existing is not None:
-            groups = [name for name in groups if name in existing]
+            groups = [g for g in groups if g in existing or g == ruleset.OUT_FILTERS]
         try:
             refused = write_rules_leaving_out(
                 lambda out: self._rules_text(existing, out),
@@ -411,8 +421,12 @@ class Dataplane:
             return
         self.rules_refused.update(refused)
         for name, why in sorted(self.rules_refused.items()):
-            reason = f"the kernel refuses the iptables rules of ipset {name}: {why}"
-            blame.rules(name, reason, again=name in refused)
+            if name == ruleset.OUT_FILTERS:
+                reason = f"the kernel refuses the {name} rules of its load-balancer IPs: {why}"
+                blame.out_filters(reason, again=name in refused)
+            else:
+                reason = f"the kernel refuses the iptables rules of ipset {name}: {why}"
+                blame.rules(name, reason, again=name in refused)
 
     def _converge(self, changes: Changes, result: SyncResult) -> None:
         """Each step on its own: what one step, or one Service's operations in it, raise is

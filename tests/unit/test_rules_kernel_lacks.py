@@ -119,3 +119,25 @@ def test_the_other_services_rules_stay_and_livez_stays_200(tmp_path: Path) -> No
     assert "default/ext" in proxy.status_document()["invalidServices"]
     assert "default/web" not in proxy.status_document()["invalidServices"]
     assert f"--match-set {ipset_specs.CLUSTER_IP} dst,dst -j ACCEPT" in rules(h)
+
+
+def test_the_ipvs_match_lacking_fails_only_the_services_with_an_out_filter(
+    tmp_path: Path,
+) -> None:
+    """KUBE-IPVS-OUT-FILTER's rules (-m ipvs, a load-balancer VIP whose source ranges exclude
+    the node) are the Services' own too: without xt_ipvs only those fail."""
+    n = node(tmp_path)
+    n.kernel.iptables.lacks_matches.add("ipvs")
+    _put(n, "web", web())
+    _put(n, "lb", lb())
+    result = n.sync()
+    assert result.complete, result.errors
+    assert set(result.failed) == {"default/lb"}
+    assert "ipvs" in result.failed["default/lb"]
+    assert f"--match-set {ipset_specs.CLUSTER_IP} dst,dst -j ACCEPT" in rules(n)
+    assert "--vaddr" not in rules(n)
+    n.kernel.iptables.lacks_matches.clear()
+    n.now[0] += 60
+    result = n.sync()
+    assert result.complete and result.failed == {}, (result.errors, result.failed)
+    assert f"-m ipvs --vaddr {VIP}" in rules(n)
