@@ -269,6 +269,51 @@ def render(
     return "\n".join(_nat(fam_cfg, mine, n, family) + _filter(fam_cfg, mine, filters, n)) + "\n"
 
 
+# The sets whose rules are rendered only while they have members: each set's rules are a
+# group the dataplane can leave out when the kernel refuses them (a match it lacks, as
+# -m physdev), failing only the Services with members in that set. The other sets' rules
+# (KUBE-IPVS-FILTER's, KUBE-NODE-PORT's health checks) are the base every node needs.
+OPTIONAL_SETS = (
+    ipset_specs.CLUSTER_IP,
+    ipset_specs.LOOP_BACK,
+    ipset_specs.LOAD_BALANCER,
+    ipset_specs.LOAD_BALANCER_LOCAL,
+    ipset_specs.LOAD_BALANCER_FW,
+    ipset_specs.LOAD_BALANCER_SOURCE_CIDR,
+    ipset_specs.LOAD_BALANCER_SOURCE_IP,
+    ipset_specs.NODE_PORT_TCP,
+    ipset_specs.NODE_PORT_LOCAL_TCP,
+    ipset_specs.NODE_PORT_UDP,
+    ipset_specs.NODE_PORT_LOCAL_UDP,
+    ipset_specs.NODE_PORT_SCTP,
+    ipset_specs.NODE_PORT_LOCAL_SCTP,
+    ipset_specs.NO_LOCAL_ENDPOINTS,
+    ipset_specs.EXTERNAL_IP,
+    ipset_specs.EXTERNAL_IP_LOCAL,
+)
+
+
+# The group of KUBE-IPVS-OUT-FILTER's rules (-m ipvs): the Services with an OutFilter own it.
+OUT_FILTERS = "KUBE-IPVS-OUT-FILTER"
+
+
+def rule_groups(
+    sets: Iterable[str], families: Iterable[int] = (4,), out_filters: bool = False
+) -> list[str]:
+    """The optional sets of ``families`` among ``sets`` (non-empty sets of any family), in
+    rendering order, and OUT_FILTERS if there are ``out_filters``: each one's rules can be
+    left out of ``render_families`` on its own (a set by leaving it out of ``sets``, the
+    out filters by rendering none)."""
+    have = frozenset(sets)
+    groups = [
+        name
+        for family in families
+        for base in OPTIONAL_SETS
+        if (name := ipset_specs.for_family(base, family)) in have
+    ]
+    return [*groups, OUT_FILTERS] if out_filters else groups
+
+
 FAMILY_MARK = "# ipvsproxy: ip6tables-restore from here"
 
 

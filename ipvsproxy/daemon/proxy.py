@@ -37,7 +37,7 @@ from ipvsproxy.kube.events import EventRecorder
 from ipvsproxy.kube.informer import Informer, Kept
 from ipvsproxy.process import gc_tuning
 from ipvsproxy.servers.healthz import HealthState
-from ipvsproxy.servers.metrics import Metrics
+from ipvsproxy.servers.metrics import FAMILY_LABELS, Metrics
 from ipvsproxy.servers.service_health import HealthCheckServers
 from ipvsproxy.servers.traffic_metrics import PortName, port_names
 from ipvsproxy.status import view
@@ -69,8 +69,8 @@ class Proxy:
     - ``runner`` (daemon.runner): when to sync: the marks at most every minSyncPeriod, a full
       reconcile every syncPeriod, retries and backoff;
     - ``telemetry`` (daemon.telemetry): what each sync reports (metrics, log, Events);
-    - ``health`` (/healthz, /livez) and ``health_checks``, one server per eTP=Local Service's
-      healthCheckNodePort (daemon.targets).
+    - ``health`` (/healthz, /livez, /readyz) and ``health_checks``, one server per eTP=Local
+      Service's healthCheckNodePort (daemon.targets).
 
     Threads: the informers call the ``on_*`` handlers, which only mark; the runner thread
     (``run``) syncs; HTTP threads read ``status_document`` and ``health``. A sync holds
@@ -84,7 +84,10 @@ class Proxy:
         self.cfg = cfg
         self.dp = dataplane
         self.metrics = metrics
-        self.health = HealthState(timeout=2 * cfg.sync_period)
+        self.health = HealthState(
+            timeout=2 * cfg.sync_period,
+            families=tuple(FAMILY_LABELS[f] for f in dataplane.plan_config.families),
+        )
         self.stop = threading.Event()
         self.informers: list[Informer] = []
         self.events: EventRecorder | None = None
@@ -192,7 +195,7 @@ class Proxy:
             self._warn(service, "InvalidService", note)
         return marks
 
-    def _converge(self, how: Callable[[], SyncResult]) -> SyncResult:
+    def _converge(self, how: Callable[[], SyncResult], full: bool) -> SyncResult:
         with self.sync_lock:
             marks: Marks = {}
 
@@ -200,10 +203,16 @@ class Proxy:
                 marks.update(self._replan())
                 return how()
 
-            result = gc_tuning.paused_for(replan_and_sync, lambda r: r.full)
-            done = self.telemetry.record(result, self.dp.snapshot(), marks)
-            with self.health.lock:
-                self.health.state_file = self.dp.state_problem
+            result: SyncResult | None = None
+            try:
+                result = gc_tuning.paused_for(replan_and_sync, lambda r: r.full)
+                done = self.telemetry.record(result, self.dp.snapshot(), marks)
+                with self.health.lock:
+                    self.health.state_file = self.dp.state_problem
+            finally:
+                # /livez: the sync loop is alive, whatever this sync's outcome (a sync may
+                # turn out a full one: the first, or one after the cache was dropped).
+                self.health.sync_ended(full or (result is not None and result.full))
             if done is not None:
                 # As upstream: marks the proxier updated and clears what was queued.
                 self.last_sync = done
@@ -213,10 +222,10 @@ class Proxy:
         return result
 
     def apply_changes(self) -> SyncResult:
-        return self._converge(self.dp.sync)
+        return self._converge(self.dp.sync, full=False)
 
     def reconcile(self) -> SyncResult:
-        return self._converge(self.dp.reconcile)
+        return self._converge(self.dp.reconcile, full=True)
 
     def _after_exception(self, _exc: Exception) -> None:
         """A sync raised: counted, and the kernel is read back at the next sync."""

@@ -38,6 +38,25 @@ class Blame:
         owner = self.desired.owner.get(key, "")
         self._fail([owner], why, Changes(services={key}))
 
+    def rules(self, set_name: str, why: str, again: bool) -> None:
+        """Fail the Services with a member in ``set_name``, whose rules the kernel refuses
+        (``again``: also those failed already, whose retry found them refused again)."""
+        entries: dict[str, set[str]] = {}
+        for entry in self.desired.member_keys(set_name):
+            for owner in self._owners_of_member(set_name, entry):
+                if owner and (again or owner not in self.failures.by_service):
+                    entries.setdefault(owner, set()).add(entry)
+        for owner, mine in sorted(entries.items()):
+            self.failures.fail(owner, why, Changes(members={set_name: mine}))
+
+    def out_filters(self, why: str, again: bool) -> None:
+        """Fail the Services with a KUBE-IPVS-OUT-FILTER rule, which the kernel refuses
+        (``again``: also those failed already); their retry converges those virtual servers."""
+        for service, plan in sorted(self.desired.plans.items()):
+            if plan.out_filters and (again or service not in self.failures.by_service):
+                keys = {ServiceKey(f.address, f.protocol, f.port) for f in plan.out_filters}
+                self.failures.fail(service, why, Changes(services=keys))
+
     def refused(self, ops: list[ServiceOp | DestOp], exc: ApplyError) -> None:
         """Fail the Services whose virtual or real servers the kernel refused."""
         for i in sorted(exc.failed):

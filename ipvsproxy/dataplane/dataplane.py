@@ -36,6 +36,7 @@ from ipvsproxy.dataplane.differ import differing
 from ipvsproxy.dataplane.drain import FlushRun, StaleUdpFlows, drain, expired
 from ipvsproxy.dataplane.observed import (
     Observed,
+    Problem,
     adopt_recorded,
     read_kernel,
     record_ipvs,
@@ -50,6 +51,7 @@ from ipvsproxy.dataplane.steps import (
     converge_virtual_servers,
     unbind_addresses,
     write_rules,
+    write_rules_leaving_out,
 )
 from ipvsproxy.kernel.backends import Backends as Backends
 from ipvsproxy.kernel.errors import ApplyError
@@ -73,7 +75,8 @@ class SyncResult:
     failed: dict[str, str] = field(default_factory=dict)  # Services that failed, and why
     conntrack: list[FlushRun] = field(default_factory=list)  # each family's stale UDP flush
     # The sync ran to its end: upstream's proxier marks itself updated (healthy) then. Only
-    # rules that could not be written stop that, as upstream's failed iptables-restore does.
+    # rules that could not be written even without any set's rules (the base every node
+    # needs) stop that, as upstream's failed iptables-restore does.
     complete: bool = True
 
 
@@ -103,6 +106,9 @@ class Dataplane:
       fails the Service that wants its object, retried on its own backoff; the others are
       programmed. An error no Service can be blamed for drops the cache: the next sync reads
       the kernel back.
+    - Rules are written as the kernel can hold them: the rules of a set that does not exist,
+      or that the kernel refuses (``rules_refused``), are left out and fail the Services with
+      members in that set; they are tried again with those Services' retries.
     - A real server no Service wants drains at weight 0 until idle or past ``grace_seconds``.
     - Every successful write is recorded in the cache; the state file names a virtual server
       as ours before the kernel has it, and forgets it once deleted.
@@ -161,6 +167,9 @@ class Dataplane:
         # A kernel read or set creation that fails, by what: reported when it starts failing
         # (or fails otherwise), not at every sync; gone once it works again.
         self.kernel_problems: dict[str, str] = {}
+        # Sets whose rules the kernel refused (a match it lacks), and why: left out of the
+        # rules, their Services failed, tried again with those Services' retries.
+        self.rules_refused: dict[str, str] = {}
 
     # -- input -------------------------------------------------------------------------------
 
@@ -286,6 +295,7 @@ class Dataplane:
                 return result
             changes.merge(retry)
             self.stale_udp.retry(retry.services)
+            self._retry_rules(retry)
         self._converge(changes, result)
         result.writes = self.backends.writes() - writes
         result.seconds = time.monotonic() - start
@@ -313,7 +323,9 @@ class Dataplane:
             result.errors.append(f"reading the kernel: {exc}")
             result.complete = False
             return result
-        self.stale_udp.retry(self.failures.begin(everything=True).services)
+        retry = self.failures.begin(everything=True)
+        self.stale_udp.retry(retry.services)
+        self._retry_rules(retry)
         self._converge(differing(self.desired, self.observed), result)
         result.writes = self.backends.writes() - writes
         result.seconds = time.monotonic() - start
@@ -350,13 +362,71 @@ class Dataplane:
             self.kernel_problems[what] = message
             result.errors.append(message)
 
-    def _rules_text(self) -> str:
-        return ruleset.render_families(
-            self.rules_config,
-            self.desired.nonempty_sets(),
-            self.desired.out_filters(),
+    def _retry_rules(self, retry: Changes) -> None:
+        """The rules of the sets whose members a retry converges again are tried again, and
+        the out filters if it converges one's virtual server again."""
+        for name in retry.members:
+            self.rules_refused.pop(name, None)
+        if ruleset.OUT_FILTERS in self.rules_refused and any(
+            ServiceKey(f.address, f.protocol, f.port) in retry.services
+            for f in self.desired.out_filters()
+        ):
+            del self.rules_refused[ruleset.OUT_FILTERS]
+
+    def _existing_sets(self) -> Collection[str] | None:
+        """Our sets that exist in the kernel, as the cache has them (None: unknown)."""
+        obs = self.observed
+        if obs is None or "ipsets" in obs.unread:
+            return None
+        return obs.members.keys()
+
+    def _rules_text(
+        self, existing: Collection[str] | None = None, leave_out: frozenset[str] = frozenset()
+    ) -> str:
+        """The rules of the non-empty sets but those that do not exist (``existing``: those
+        that do; None: unknown), those whose rules the kernel refused and ``leave_out``."""
+        out = self.rules_refused.keys() | leave_out
+        sets = self.desired.nonempty_sets() - out
+        if existing is not None:
+            sets = frozenset(name for name in sets if name in existing)
+        filters = [] if ruleset.OUT_FILTERS in out else self.desired.out_filters()
+        return ruleset.render_families(self.rules_config, sets, filters, self.plan_config.families)
+
+    def _write_rules(self, blame: Blame, result: SyncResult, problem: Problem) -> None:
+        """Write the rules the kernel can hold: the groups of rules it refuses are left out
+        (``rules_refused``) and fail the Services with members in their sets. Rules that
+        cannot be written even without them make the sync incomplete."""
+        obs = self._cache()
+        wanted = set(self.desired.nonempty_sets())
+        if self.desired.out_filters():
+            wanted.add(ruleset.OUT_FILTERS)
+        self.rules_refused = {k: v for k, v in self.rules_refused.items() if k in wanted}
+        existing = self._existing_sets()
+        groups = ruleset.rule_groups(
+            wanted - self.rules_refused.keys(),
             self.plan_config.families,
+            out_filters=ruleset.OUT_FILTERS in wanted - self.rules_refused.keys(),
         )
+        if existing is not None:
+            groups = [g for g in groups if g in existing or g == ruleset.OUT_FILTERS]
+        try:
+            refused = write_rules_leaving_out(
+                lambda out: self._rules_text(existing, out),
+                groups,
+                lambda text: write_rules(text, obs, self.state, self.backends, problem),
+            )
+        except Exception as exc:
+            result.errors.append(f"iptables: {exc}")
+            result.complete = False
+            return
+        self.rules_refused.update(refused)
+        for name, why in sorted(self.rules_refused.items()):
+            if name == ruleset.OUT_FILTERS:
+                reason = f"the kernel refuses the {name} rules of its load-balancer IPs: {why}"
+                blame.out_filters(reason, again=name in refused)
+            else:
+                reason = f"the kernel refuses the iptables rules of ipset {name}: {why}"
+                blame.rules(name, reason, again=name in refused)
 
     def _converge(self, changes: Changes, result: SyncResult) -> None:
         """Each step on its own: what one step, or one Service's operations in it, raise is
@@ -430,11 +500,7 @@ class Dataplane:
                 result.errors.append(f"{type(exc).__name__}: {exc}")
                 self.observed = None
         if self.observed is not None:
-            try:
-                write_rules(self._rules_text(), self.observed, self.state, backends, problem)
-            except Exception as exc:
-                result.errors.append(f"iptables: {exc}")
-                result.complete = False
+            self._write_rules(blame, result, problem)
         try:
             self._save_state()
         except Exception as exc:
@@ -542,7 +608,7 @@ class Dataplane:
         obs = self.observed
         if obs is None:
             return None
-        now = ruleset.rendered_chains(self._rules_text())
+        now = ruleset.rendered_chains(self._rules_text(self._existing_sets()))
         written = ruleset.rendered_chains(obs.rules_text or "")
         return {
             key: obs.chains.get(key) if written.get(key) == lines else None

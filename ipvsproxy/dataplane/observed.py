@@ -76,13 +76,14 @@ def read_kernel(
     state: State,
     *,
     excluded: Callable[[str], bool],
-    render_rules: Callable[[], str],
+    render_rules: Callable[[Collection[str] | None], str],
     problem: Problem,
     families: tuple[int, ...] = (4,),
 ) -> Observed:
     """What the kernel holds, held as the desired objects where it is as desired. A part
     whose read fails is reported and left out (``unread``); the others are read. The sets of
-    ``families`` that are missing are created."""
+    ``families`` that are missing are created. ``render_rules`` renders the rules for the
+    sets that exist (None: unknown)."""
     unread: set[str] = set()
 
     def read(part: str, what: str, fn: Callable[[], _T], default: _T) -> _T:
@@ -142,8 +143,12 @@ def read_kernel(
     if "ipsets" not in unread:
         ensure_sets(backends, members, problem, families)
     unknown: tuple[str | None, Mapping[ChainKey, str]] = (None, {})
+    existing = None if "ipsets" in unread else members.keys()
     rules_text, chains = read(
-        "iptables", "iptables", lambda: same_rules(backends, render_rules, state), unknown
+        "iptables",
+        "iptables",
+        lambda: same_rules(backends, lambda: render_rules(existing), state),
+        unknown,
     )
     unread.discard("iptables")
     return Observed(services, dests, bound, members, rules_text, frozenset(unread), chains)

@@ -9,11 +9,12 @@ only the Services whose operations the kernel refused or that raised (``Blame``)
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ipvsproxy.core.desired import DesiredState
 from ipvsproxy.core.diff import AddressOp, DestOp, MemberOp, OpKind, ServiceOp
+from ipvsproxy.core.ruleset import Jump
 from ipvsproxy.core.virtual_servers import SERVICE_ORDER, DestKey, Seen, ServiceKey
 from ipvsproxy.dataplane.batching import (
     CHUNK_MEMBERS,
@@ -207,14 +208,59 @@ def write_rules(
     except Exception as exc:  # our chains are written all the same
         problem("iptables", f"reading iptables: {type(exc).__name__}: {exc}")
         obs.chains = {}  # unknown until written and read back
-        ipt.apply(text, ipt.missing_jumps_checked())
+        _restore(text, ipt.missing_jumps_checked(), obs, backends)
         obs.rules_text = text
         state.iptables_fingerprint = ""  # the next full sync checks them again
         return
     obs.chains = {}
-    ipt.apply(text, missing)
+    _restore(text, missing, obs, backends)
     obs.rules_text = text
     state.rules_digest = hashlib.sha256(text.encode()).hexdigest()
     seen = ipt.read()
     state.iptables_fingerprint = seen.fingerprint
     obs.chains = seen.chains
+
+
+def _restore(text: str, missing: Sequence[Jump], obs: Observed, backends: Backends) -> None:
+    """One restore; a refused one leaves our chains unknown (a table may have been committed
+    before the kernel refused the next): the next write rewrites them."""
+    try:
+        backends.iptables.apply(text, missing)
+    except ApplyError:
+        obs.rules_text = None
+        raise
+
+
+def write_rules_leaving_out(
+    render: Callable[[frozenset[str]], str],
+    groups: Sequence[str],
+    write: Callable[[str], None],
+) -> dict[str, str]:
+    """Write the rules ``render(frozenset())`` renders (``write``: ``write_rules`` of a text);
+    if the kernel refuses them, the rules it can hold: the base (every group in ``groups``
+    left out; refused too, the ApplyError is raised: no Service can be blamed), then each
+    group added on its own to those accepted so far. Returns the groups the kernel refused,
+    and why; the rules written last are those it accepted."""
+    try:
+        write(render(frozenset()))
+        return {}
+    except ApplyError:
+        if not groups:
+            raise
+    everything = frozenset(groups)
+    write(render(everything))
+    refused: dict[str, str] = {}
+    accepted: set[str] = set()
+    written = True
+    for group in groups:
+        try:
+            write(render(everything - accepted - {group}))
+        except ApplyError as exc:
+            refused[group] = str(exc)
+            written = False
+            continue
+        accepted.add(group)
+        written = True
+    if not written:
+        write(render(frozenset(refused)))
+    return refused

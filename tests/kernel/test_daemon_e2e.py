@@ -118,11 +118,12 @@ def test_health_taint_and_metrics_follow_the_daemon(lab_cluster: Cluster, kube: 
     for node in (n1, n2):  # each node's first sync done
         kube.wait_first_sync(node)
     # A node the cluster autoscaler is removing fails /healthz (load balancers drain it)
-    # while /livez stays 200.
+    # while /livez and /readyz (the DaemonSet's probes: its pod stays available) stay 200.
     taint = {"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}
     core.patch_node("node-2", {"spec": {"taints": [taint]}})
     wait_for(lambda: healthz(n2)[0] == 503, 30, "tainted node unhealthy")
     assert healthz(n2, "/livez")[0] == 200
+    assert healthz(n2, "/readyz")[0] == 200
     assert json.loads(healthz(n2)[1])["nodeEligible"] is False
     core.patch_node("node-2", {"spec": {"taints": None}})
     # A Service without a selector: its slice is written by hand (the lab's controller leaves
@@ -193,6 +194,9 @@ def test_health_taint_and_metrics_follow_the_daemon(lab_cluster: Cluster, kube: 
     assert status == 200 and "lastUpdated" in json.loads(body)
     # A dual-stack node: both families served, both with NodePort addresses.
     assert not {"unservedIPFamilies", "noNodePortAddressIPFamilies"} & json.loads(body).keys()
+    # Upstream's body: the proxiers' health, and each family's.
+    assert json.loads(body)["healthy"] is True
+    assert set(json.loads(body)["status"]) == {"IPv4", "IPv6"}
 
 
 BUILTIN = {"INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING"}

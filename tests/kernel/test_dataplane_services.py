@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -202,6 +204,64 @@ def test_external_ips(lab_cluster: Cluster, tmp_path: Path, routes_to_node1: Non
         program(ndp, (svc, [sl]))
         a = netns.tcp_request("external", "198.51.100.7", 80)
         assert (a["pod"], client_ip(a)) == ("pod-2-1", n1.ip)  # masqueraded towards node-2
+
+
+@contextmanager
+def kernel_without(module: str, tmp_path: Path) -> Iterator[None]:
+    """The guest's kernel without ``module``: unloaded, and its loading on demand refused (the
+    kernel's modprobe helper, /proc/sys/kernel/modprobe, which iptables-legacy runs too, is
+    wrapped by one that refuses every name with the module's, aliases such as ipt_physdev
+    for xt_physdev included); both undone after, and the module loads again on demand."""
+    helper = Path("/proc/sys/kernel/modprobe")
+    before = helper.read_text().strip()
+    wrapper = tmp_path / "modprobe-without"
+    name = module.removeprefix("xt_")
+    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *{name}*) exit 1;; esac\nexec {before} "$@"\n')
+    wrapper.chmod(0o755)
+    helper.write_text(str(wrapper))
+    try:
+        gone = subprocess.run(["rmmod", module], capture_output=True, text=True)
+        loaded = Path(f"/sys/module/{module}").exists()
+        assert not loaded, f"cannot unload {module}: {gone.stderr.strip()}"
+        yield
+    finally:
+        helper.write_text(before)
+
+
+def test_a_match_the_kernel_lacks_fails_only_its_service(
+    lab_cluster: Cluster, tmp_path: Path, routes_to_node1: None
+) -> None:
+    """Issue 28, item 4: without xt_physdev (the externalIPs' rules use -m physdev) the
+    kernel refuses the externalIPs Service's rules; the others are written and a NodePort
+    still serves real traffic, masqueraded; the externalIPs Service fails alone, and serves
+    once the kernel has the module again."""
+    n1, n2 = lab_cluster.node("node-1"), lab_cluster.node("node-2")
+    np = np_service("np", "10.96.1.40", 30090)
+    np_sl = endpoint_slice("np", [endpoint(n2.pods[0].ip, "node-2")])
+    ext = service("ext", "10.96.1.41", externalIPs=["198.51.100.41"])
+    ext_sl = endpoint_slice("ext", [endpoint(n2.pods[0].ip, "node-2")])
+
+    def sync_both(dp: Any) -> Any:
+        dp.update_service("default/np", np, [np_sl])
+        dp.update_service("default/ext", ext, [ext_sl])
+        return dp.sync()
+
+    with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+        with kernel_without("xt_physdev", tmp_path):
+            result = ndp.run(sync_both)
+            assert result.complete and result.errors == [], result.errors
+            assert set(result.failed) == {"default/ext"}, result.failed
+            assert "physdev" not in sh(lab_cluster, n1.netns, "iptables-save -t nat")
+            a = netns.tcp_request("external", n1.ip, 30090)
+            assert (a["pod"], client_ip(a)) == ("pod-2-1", n1.ip)  # masqueraded to node-2
+        # The module can load again: the failed Service's retry writes its rules.
+        deadline = time.monotonic() + 30
+        while ndp.run(lambda dp: dp.failed) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            ndp.run(lambda dp: dp.sync())
+        assert ndp.run(lambda dp: dp.failed) == {}
+        a = netns.tcp_request("external", "198.51.100.41", 80)
+        assert (a["pod"], client_ip(a)) == ("pod-2-1", n1.ip)
 
 
 def test_session_affinity_client_ip(lab_cluster: Cluster, tmp_path: Path) -> None:

@@ -638,13 +638,30 @@ def test_a_failing_read_is_reported_and_the_next_sync_reads_again(tmp_path: Path
 
 
 def test_rules_that_cannot_be_written_make_an_incomplete_sync(tmp_path: Path) -> None:
+    """Refused even without the rules of any Service's set (the base every node needs): no
+    Service can be blamed, the sync is incomplete (tests/unit/test_rules_kernel_lacks.py has
+    a refusal of one set's rules)."""
     n = node(tmp_path)
-    n.kernel.iptables.refuse(errno.EINVAL)
+    refusal = n.kernel.iptables.refuse(errno.EINVAL, times=None)
     put(n, "web", web(POD_A))
     result = n.sync()
     assert not result.complete and any("iptables-restore" in e for e in result.errors)
     programmed(n, "web")
-    assert n.kernel.iptables.restore_failures == 1
+    assert n.kernel.iptables.restore_failures == 2  # the rules, then the base alone
     assert "KUBE-SERVICES" not in n.kernel.iptables.save("nat")
+    n.kernel.iptables.refusals.remove(refusal)
     assert ok(n.sync()).complete
     assert "KUBE-SERVICES" in n.kernel.iptables.save("nat")
+
+
+def test_a_restore_refused_once_is_written_in_the_same_sync(tmp_path: Path) -> None:
+    """A refusal that does not come back (a transient one) fails nothing: the base, then each
+    set's rules are written on their own, each accepted, and the rules end up whole."""
+    n = node(tmp_path)
+    n.kernel.iptables.refuse(errno.EINVAL)
+    put(n, "web", web(POD_A))
+    assert ok(n.sync()).complete
+    assert n.kernel.iptables.restore_failures == 1
+    assert f"--match-set {ipset_specs.CLUSTER_IP} dst,dst -j ACCEPT" in (
+        n.kernel.iptables.save("nat")
+    )

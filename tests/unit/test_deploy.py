@@ -45,6 +45,8 @@ from packaging.utils import canonicalize_name
 import ipvsproxy
 from deploy import prepare_sysctls
 from ipvsproxy import config
+from ipvsproxy.servers.healthz import HealthState
+from ipvsproxy.servers.healthz import routes as health_routes
 
 # Loaded through importlib, as ipvsproxy/config/file.py loads PyYAML: neither ships type hints.
 yaml: Any = importlib.import_module("yaml")
@@ -74,8 +76,9 @@ EXPECTED_RESOURCES = {
     ("v1", "ConfigMap", "kube-system", "ipvsproxy"),
     ("apps/v1", "DaemonSet", "kube-system", "ipvsproxy"),
 }
-# The issue: "list/watch Services, EndpointSlices, Nodes; create/patch Events; nothing else".
-# Events go through events.k8s.io/v1 only (ipvsproxy/kube/events.py), so core events are not here.
+# "list/watch Services, EndpointSlices, Nodes; create Events; nothing else". Events go through
+# events.k8s.io/v1 only and are only created (ipvsproxy/kube/events.py posts each one), so
+# neither core events nor `patch` (an Event series' update, which ipvsproxy never makes) are here.
 EXPECTED_RULES = {
     ("", "services", "list"),
     ("", "services", "watch"),
@@ -84,7 +87,6 @@ EXPECTED_RULES = {
     ("discovery.k8s.io", "endpointslices", "list"),
     ("discovery.k8s.io", "endpointslices", "watch"),
     ("events.k8s.io", "events", "create"),
-    ("events.k8s.io", "events", "patch"),
 }
 NODE_NAME = "Node-1.Example"  # what the downward API would give; ipvsproxy lowercases it
 
@@ -320,7 +322,7 @@ def _wildcard(role: dict[str, Any]) -> None:
 
 
 def _missing_verb(role: dict[str, Any]) -> None:
-    role["rules"][2]["verbs"].remove("patch")
+    role["rules"][2]["verbs"].remove("create")
 
 
 def _core_events(role: dict[str, Any]) -> None:
@@ -340,7 +342,7 @@ def _aggregation(role: dict[str, Any]) -> None:
     [
         (_extra_verb, r"extra \[\('', 'nodes', 'get'\), \('', 'services', 'get'\)\]"),
         (_wildcard, "wildcard"),
-        (_missing_verb, r"missing \[\('events.k8s.io', 'events', 'patch'\)\]"),
+        (_missing_verb, r"missing \[\('events.k8s.io', 'events', 'create'\)\]"),
         (_core_events, r"extra \[\('', 'events', 'create'\)\]"),
         (_resource_names, "resourceNames"),
         (_aggregation, "aggregationRule"),
@@ -669,15 +671,36 @@ def test_daemonset_mounts_what_ipvsproxy_needs_from_the_host() -> None:
     assert volume["configMap"]["name"] == docs_by_kind()["ConfigMap"]["metadata"]["name"]
 
 
-def test_daemonset_probes_livez_and_healthz_on_the_healthz_port() -> None:
+def test_daemonset_probes_readyz_and_livez_on_the_healthz_port() -> None:
+    """Startup and readiness on /readyz (503 until the first full sync ended, never the node's
+    eligibility), liveness on /livez (the sync loop is alive). Not /healthz: it is 503 on a
+    node tainted ToBeDeletedByClusterAutoscaler, and a readiness probe on it makes that node's
+    pod unavailable, using up maxUnavailable and stalling a rollout (issue 28, item 19)."""
     c = container()
     for probe, path in (
-        ("startupProbe", "/livez"),
+        ("startupProbe", "/readyz"),
         ("livenessProbe", "/livez"),
-        ("readinessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
     ):
         assert c[probe]["httpGet"] == {"path": path, "port": config.HEALTHZ_PORT}, probe
     assert config.HEALTHZ_PORT == 10256
+    assert "/healthz" not in str(
+        [c[p] for p in ("startupProbe", "livenessProbe", "readinessProbe")]
+    )
+
+
+def test_the_probes_paths_answer_as_the_daemonset_expects() -> None:
+    """Each probed path exists on the health server; /readyz ignores the node's eligibility."""
+    state = HealthState(timeout=60.0)
+    routes = health_routes(state)
+    c = container()
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"]["path"] in routes, probe
+    state.sync_ended(full=True)
+    state.node_eligible = False
+    assert routes["/readyz"]()[0] == 200
+    assert routes["/livez"]()[0] == 200
+    assert routes["/healthz"]()[0] == 503
 
 
 # -- the ConfigMap through ipvsproxy.config ----------------------------------------------------

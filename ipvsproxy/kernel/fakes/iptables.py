@@ -24,6 +24,7 @@ TARGETS = frozenset(
 )
 _TARGET = re.compile(r"(?:^|\s)-j\s+(\S+)")
 _MATCH_SET = re.compile(r"--match-set\s+(\S+)")
+_MATCH = re.compile(r"(?:^|\s)-m\s+(\S+)")
 
 
 class Refused(Exception):
@@ -33,7 +34,8 @@ class Refused(Exception):
 class FakeIPTables(FakeBackend[str]):
     """iptables: ``tables`` of chains, each with its rules (what follows ``-A CHAIN``); a
     refusal matches a restore's whole input. ``sets`` are the ipsets that exist (a rule may
-    match only those)."""
+    match only those); ``lacks_matches`` are the matches (``-m NAME``) the kernel lacks (no
+    xt_NAME module): a rule that uses one is refused, as its whole restore."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -42,11 +44,12 @@ class FakeIPTables(FakeBackend[str]):
         }
         self.restore_failures = 0
         self.sets: Callable[[], Collection[str]] = frozenset
+        self.lacks_matches: set[str] = set()
 
     def run(self, table: str, command: str) -> None:
         """``iptables -t TABLE COMMAND`` (-N, -A, -I, -D, -F, -X), counting no write; raises
         ``Refused`` as iptables would fail."""
-        _command(self.tables[table], BUILT_IN[table], command, self.sets())
+        _command(self.tables[table], BUILT_IN[table], command, self.sets(), self.lacks_matches)
 
     def save(self, table: str) -> str:
         """``iptables-save -t TABLE``."""
@@ -116,7 +119,7 @@ class FakeIPTables(FakeBackend[str]):
                     chains[chain] = []  # created, or flushed: --noflush flushes a declared chain
             else:
                 try:
-                    _command(chains, BUILT_IN[table], line, sets)
+                    _command(chains, BUILT_IN[table], line, sets, self.lacks_matches)
                 except Refused as exc:
                     raise Refused(f"line {n}: {exc}") from None
         if table is not None:
@@ -142,9 +145,14 @@ class FakeIPTables(FakeBackend[str]):
 
 
 def _command(
-    chains: dict[str, list[str]], built_in: Sequence[str], command: str, sets: Collection[str]
+    chains: dict[str, list[str]],
+    built_in: Sequence[str],
+    command: str,
+    sets: Collection[str],
+    lacks: Collection[str] = (),
 ) -> None:
-    """One iptables command on a table's ``chains``."""
+    """One iptables command on a table's ``chains``; a rule using a match in ``lacks`` is
+    refused."""
     verb, _, rest = command.partition(" ")
     chain, _, spec = rest.partition(" ")
     if verb == "-N":
@@ -179,6 +187,9 @@ def _command(
         for name in _MATCH_SET.findall(spec):
             if name not in sets:
                 raise Refused(f"set {name} does not exist")
+        for match in _MATCH.findall(spec):
+            if match in lacks:  # iptables-legacy's words
+                raise Refused(f"Couldn't load match `{match}':No such file or directory")
         if verb == "-A":
             rules.append(spec)
         else:
