@@ -394,8 +394,8 @@ def endpoints_by_port(
             cond = cond or {}
             ready = cond.get("ready")
             ready = True if ready is None else bool(ready)
-            serving = cond.get("serving")
-            serving = ready if serving is None else bool(serving)
+            serving = cond.get("serving")  # absent: serving, whatever ready says (the API's)
+            serving = True if serving is None else bool(serving)
             terminating = bool(cond.get("terminating"))
             hinted = hints_of(hints) if hints else None
             for addr in (addresses or [])[:1]:  # the first address is the one used
