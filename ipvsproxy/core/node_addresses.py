@@ -82,9 +82,9 @@ def node_port_addresses(
         nets[net.version].append(net)
     chosen = []
     for a in local:
-        ip = ipaddress.ip_address(a)
-        mine = nets[ip.version]
-        if not mine or any(ip in n for n in mine):
+        addr = ipaddress.ip_address(a)
+        mine = nets[addr.version]
+        if not mine or any(addr in n for n in mine):
             chosen.append(a)
     return tuple(sorted(chosen, key=_order))
 

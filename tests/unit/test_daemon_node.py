@@ -71,7 +71,7 @@ def test_primary_node_port_address_is_the_nodes_internal_ip() -> None:
     proxy, dp = proxy_with(["--nodeport-addresses", "primary"])
     # No Node seen yet: the node IP is upstream's loopback, which ``primary`` skips, so every
     # IPv4 address matches (expandNodePortAddressKeywords, NewNodePortAddresses).
-    assert dp.node.node_ips == ("10.244.1.1", "192.168.56.11")
+    assert set(dp.node.node_ips) == {"10.244.1.1", "192.168.56.11"}
     proxy.on_node("node-1", None, cast(Any, NODE))
     assert set(proxy.changes.dirty) == {"default/np"}  # only the Service that reads node addresses
     proxy._replan()
@@ -301,6 +301,10 @@ def test_the_family_node_port_addresses_leave_out_has_node_ports_and_health_chec
     assert dp.node.node_ips == ("192.168.56.11", "fc00::11")
     proxy = Proxy(cfg, cast(Any, dp), Metrics())
     listened: list[Any] = []
-    proxy.health_checks.sync = lambda _wanted, addresses=None: listened.append(addresses)  # type: ignore[method-assign]
+
+    def sync(_wanted: Any, addresses: Any = None) -> None:
+        listened.append(addresses)
+
+    proxy.health_checks = cast(Any, SimpleNamespace(sync=sync))
     proxy._health_checks()
     assert listened == [("192.168.56.11", "fc00::11")]

@@ -120,9 +120,9 @@ def test_load_balancer_ingress_ip_modes() -> None:
         "lb", "10.96.0.10", type="LoadBalancer", status={"loadBalancer": {"ingress": ingress}}
     )
     assert ports(lb)[0].lb_vips == ("203.0.113.1", "203.0.113.2")
-    # Only a LoadBalancer Service's status counts.
+    # Whatever the type, as upstream's newBaseServiceInfo.
     np = service("np", "10.96.0.11", type="NodePort", status={"loadBalancer": {"ingress": ingress}})
-    assert ports(np)[0].lb_vips == ()
+    assert ports(np)[0].lb_vips == ("203.0.113.1", "203.0.113.2")
 
 
 def test_only_ipv4_slices_are_read_and_every_one_of_them() -> None:
