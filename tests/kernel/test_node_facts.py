@@ -112,7 +112,8 @@ def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
 ) -> None:
     """An address added to eth0 after start (DHCP, keepalived, kube-vip) carries the NodePorts
     by the next sync, and goes with them when removed; an externalIP that becomes a node
-    address is no longer bound to kube-ipvs0, and is again when the node lets it go."""
+    address is refused (no virtual server, not bound to kube-ipvs0: it would take the node's
+    own port), and is programmed again when the node lets it go."""
     from kubernetes import client
 
     lab = LabKube(
@@ -151,11 +152,12 @@ def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
             lab_cluster.exec(n1.netns, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
         wait_for(lambda: answers(added, 30520), 30, "NodePort on the added address")
         wait_for(lambda: not on_dummy(vip), 30, "externalIP now local: not on kube-ipvs0")
-        wait_for(lambda: answers(vip, 80), 30, "externalIP served from eth0's address")
+        wait_for(lambda: f"{vip}:80" not in ipvs(), 30, "externalIP now the node's: refused")
         for ip in (added, vip):
             lab_cluster.exec(n1.netns, "ip", "addr", "del", f"{ip}/24", "dev", "eth0")
         wait_for(lambda: f"{added}:30520" not in ipvs(), 30, "NodePort virtual server removed")
         wait_for(lambda: on_dummy(vip), 30, "externalIP bound to kube-ipvs0 again")
+        assert f"{vip}:80" in ipvs()
         wait_for(lambda: answers(n1.ip, 30520), 30, "NodePort on eth0's address still")
     finally:
         for ip in (added, vip):
