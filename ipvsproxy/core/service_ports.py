@@ -192,6 +192,8 @@ def special_address(ip: str) -> str | None:
     addr = ipaddress.ip_address(ip)
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         return "an IPv4-mapped IPv6 address"
+    if isinstance(addr, ipaddress.IPv6Address) and addr.scope_id is not None:
+        return "an address with a zone"
     if addr.is_loopback:
         return "loopback"
     if addr.is_link_local:

@@ -259,6 +259,7 @@ SPECIAL = {
     "::": "unspecified",
     "ff02::1": "multicast",
     "::ffff:127.0.0.1": "IPv4-mapped",
+    "2001:db8::1%eth0": "zone",
     "192.168.56.11": "this node's address",
     "10.244.1.1": "this node's address",
     API_SERVER: "the API server's address",
