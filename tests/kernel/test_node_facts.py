@@ -113,7 +113,8 @@ def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
     """An address added to eth0 after start (DHCP, keepalived, kube-vip) carries the NodePorts
     by the next sync, and goes with them when removed; an externalIP that becomes a node
     address is refused (no virtual server, not bound to kube-ipvs0: it would take the node's
-    own port), and is programmed again when the node lets it go."""
+    own port), and is programmed again when the node lets it go; one equal to the API
+    server's address (as the daemon reaches it) is never programmed."""
     from kubernetes import client
 
     lab = LabKube(
@@ -122,7 +123,7 @@ def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
     lab.start_apiserver()
     lab.start_controller()
     n1, ext = lab_cluster.nodes[0], lab_cluster.external
-    added, vip = "192.168.56.211", "192.168.56.212"
+    added, vip, api = "192.168.56.211", "192.168.56.212", lab_cluster.apiserver_ip
     try:
         core: Any = client.CoreV1Api(lab.api)
         disc: Any = client.DiscoveryV1Api(lab.api)
@@ -130,7 +131,7 @@ def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
         lab.wait_first_sync(n1)
         spec = {
             "type": "NodePort",
-            "externalIPs": [vip],
+            "externalIPs": [vip, api],
             "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30520}],
         }
         selectorless(core, disc, "web", spec, n1.pods[0])
@@ -147,6 +148,7 @@ def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
 
         wait_for(lambda: answers(n1.ip, 30520), 30, "NodePort on eth0's address")
         wait_for(lambda: on_dummy(vip), 30, "externalIP bound to kube-ipvs0")
+        assert not on_dummy(api) and f"{api}:80" not in ipvs()  # the API server's: refused
         assert f"{added}:30520" not in ipvs()
         for ip in (added, vip):
             lab_cluster.exec(n1.netns, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
