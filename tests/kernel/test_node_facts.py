@@ -107,6 +107,9 @@ def test_primary_node_port_address_is_the_nodes_internal_ip(
         netns.tcp_request(n1.pods[1].netns, n1.gateway, hc, timeout=2)
 
 
+LINK_LOCAL = "169.254.77.7"
+
+
 def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
     lab_cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -114,7 +117,8 @@ def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
     by the next sync, and goes with them when removed; an externalIP that becomes a node
     address is refused (no virtual server, not bound to kube-ipvs0: it would take the node's
     own port), and is programmed again when the node lets it go; one equal to the API
-    server's address (as the daemon reaches it) is never programmed."""
+    server's address (as the daemon reaches it) is never programmed. An IPv4 link-local
+    address carries NodePorts too, as upstream's."""
     from kubernetes import client
 
     lab = LabKube(
@@ -152,7 +156,10 @@ def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
         assert f"{added}:30520" not in ipvs()
         for ip in (added, vip):
             lab_cluster.exec(n1.netns, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
+        lab_cluster.exec(n1.netns, "ip", "addr", "add", f"{LINK_LOCAL}/32", "dev", "eth0")
+        lab_cluster.exec(ext.netns, "ip", "route", "replace", f"{LINK_LOCAL}/32", "via", n1.ip)
         wait_for(lambda: answers(added, 30520), 30, "NodePort on the added address")
+        wait_for(lambda: answers(LINK_LOCAL, 30520), 30, "NodePort on a link-local address")
         wait_for(lambda: not on_dummy(vip), 30, "externalIP now local: not on kube-ipvs0")
         wait_for(lambda: f"{vip}:80" not in ipvs(), 30, "externalIP now the node's: refused")
         for ip in (added, vip):
@@ -164,6 +171,10 @@ def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
     finally:
         for ip in (added, vip):
             lab_cluster.exec(n1.netns, "ip", "addr", "del", f"{ip}/24", "dev", "eth0", check=False)
+        lab_cluster.exec(
+            n1.netns, "ip", "addr", "del", f"{LINK_LOCAL}/32", "dev", "eth0", check=False
+        )
+        lab_cluster.exec(ext.netns, "ip", "route", "del", f"{LINK_LOCAL}/32", check=False)
         print(lab.logs())
         lab.stop(cleanup=True)
 
