@@ -207,6 +207,18 @@ def special_address(ip: str) -> str | None:
     return None
 
 
+QUOTED = 64  # characters of a user's value that a warning quotes
+
+
+def _quoted(value: Any) -> str:
+    """``value`` as a warning quotes it: its repr, of at most QUOTED characters of it (the
+    warning goes into Events, ``status`` and the log, on every node)."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= QUOTED:
+        return repr(value)
+    return f"{text[:QUOTED]!r}... ({len(text)} characters)"
+
+
 def _ips(values: Iterable[Any], what: str, skipped: dict[str, str]) -> tuple[str, ...]:
     """The entries that are addresses a Service may take, canonical; each other one goes to
     ``skipped`` with the reason (upstream's MapIPsByIPFamily skips what does not parse; an
@@ -218,11 +230,11 @@ def _ips(values: Iterable[Any], what: str, skipped: dict[str, str]) -> tuple[str
         try:
             ip = canonical_ip(str(v))
         except ValueError:
-            skipped[f"{what} {v!r}"] = "not an IP address in canonical form"
+            skipped[f"{what} {_quoted(v)}"] = "not an IP address in canonical form"
             continue
         why = special_address(ip)
         if why is not None:
-            skipped[f"{what} {v!r}"] = why
+            skipped[f"{what} {_quoted(v)}"] = why
             continue
         out.append(ip)
     return tuple(dict.fromkeys(out))
@@ -246,7 +258,7 @@ def _cidrs(values: Iterable[Any], skipped: dict[str, str]) -> tuple[tuple[str, .
         try:
             out.append(str(ipaddress.ip_network(text, strict=False)))
         except ValueError:
-            skipped[f"{SOURCE_RANGES} entry {v!r}"] = "not a CIDR"
+            skipped[f"{SOURCE_RANGES} entry {_quoted(v)}"] = "not a CIDR"
     closed = given and not out
     if closed:
         skipped[SOURCE_RANGES] = (

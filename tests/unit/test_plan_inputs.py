@@ -328,3 +328,20 @@ def test_a_refused_external_ip_is_reported_on_its_service(tmp_path: Path) -> Non
     fixed = service("ext", "10.96.0.64", externalIPs=["198.51.100.9"])
     assert dp.update_service("default/ext", fixed, []) is None
     assert dp.errors == {}
+
+
+def test_a_long_skipped_value_is_cut_in_the_warning() -> None:
+    # Warnings go into Events, `status` and the log, on every node: a user's value is quoted
+    # by its first 64 characters only.
+    long = "1" * 256 * 1024
+    svc = service(
+        "long",
+        "10.96.0.65",
+        type="LoadBalancer",
+        externalIPs=[long],
+        loadBalancerSourceRanges=[long, "192.0.2.0/24"],
+        status={"loadBalancer": {"ingress": [{"ip": long}]}},
+    )
+    (warning,) = plan(svc).warnings
+    assert len(warning) < 1000
+    assert f"externalIP {'1' * 64!r}... (262144 characters)" in warning
