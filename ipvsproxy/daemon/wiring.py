@@ -12,14 +12,14 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from ipvsproxy.config import ProxyConfig
 from ipvsproxy.config.render import configz
 from ipvsproxy.core.node_addresses import FALLBACK_NODE_IP, node_ip
 from ipvsproxy.core.plan import PlanConfig
 from ipvsproxy.core.service_ports import LABEL_SERVICE_NAME
-from ipvsproxy.core.virtual_servers import ServiceKey, Traffic, canonical_ip
+from ipvsproxy.core.virtual_servers import ServiceKey, Traffic
+from ipvsproxy.daemon.apiserver import api_server_addresses
 from ipvsproxy.daemon.config_watch import start_config_watch
 from ipvsproxy.daemon.kernel_settings import apply_kernel_settings
 from ipvsproxy.daemon.node import node_facts, rules_config
@@ -103,25 +103,6 @@ def api_client(cfg: ProxyConfig) -> Any:
     conf = client.Configuration()
     conf.host = cfg.master
     return client.ApiClient(conf)
-
-
-def api_server_addresses(url: str) -> frozenset[str]:
-    """The addresses of the API server as the daemon reaches it (``url``: its client's
-    host): the address itself, or what its name resolves to now (none when it does not);
-    no Service may take one as an externalIP or load-balancer IP."""
-    host = urlsplit(url).hostname if "//" in url else url
-    if not host:
-        return frozenset()
-    try:
-        return frozenset({canonical_ip(host)})
-    except ValueError:
-        pass
-    try:
-        found = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError) as exc:
-        log.info("API server %s does not resolve (%s): no address reserved for it", host, exc)
-        return frozenset()
-    return frozenset(canonical_ip(str(info[4][0]).partition("%")[0]) for info in found)
 
 
 def serve_metrics(cfg: ProxyConfig, metrics: Metrics, proxy: Proxy) -> list[HTTPServer]:

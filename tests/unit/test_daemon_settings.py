@@ -11,12 +11,7 @@ from ipvsproxy.config import build
 from ipvsproxy.daemon.changes import TRIGGER_ANNOTATION, trigger_time
 from ipvsproxy.daemon.kernel_settings import conntrack_sysctls
 from ipvsproxy.daemon.node import rules_config
-from ipvsproxy.daemon.wiring import (
-    api_server_addresses,
-    drain_seconds,
-    set_oom_score_adj,
-    start_server,
-)
+from ipvsproxy.daemon.wiring import drain_seconds, set_oom_score_adj, start_server
 
 
 def test_conntrack_settings_follow_upstream() -> None:
@@ -87,13 +82,3 @@ def test_programming_latency_starts_at_the_trigger_annotation() -> None:
     assert trigger_time(sl) == 1796223845.0
     assert trigger_time({"metadata": {}}) is None
     assert trigger_time({"metadata": {"annotations": {TRIGGER_ANNOTATION: "garbage"}}}) is None
-
-
-def test_the_api_servers_addresses_are_reserved_as_the_daemon_reaches_it() -> None:
-    assert api_server_addresses("https://192.168.56.2:6443") == {"192.168.56.2"}
-    assert api_server_addresses("https://[FD00::2]:6443") == {"fd00::2"}
-    assert api_server_addresses("http://127.0.0.1") == {"127.0.0.1"}
-    # A name: its addresses (resolved once, at start); one that does not resolve: none.
-    assert "127.0.0.1" in api_server_addresses("https://localhost:6443")
-    assert api_server_addresses("https://no-such-host.invalid:6443") == frozenset()
-    assert api_server_addresses("") == frozenset()
