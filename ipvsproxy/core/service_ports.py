@@ -170,6 +170,18 @@ def is_proxied(svc: Mapping[str, Any], proxy_name: str | None = None) -> bool:
     return bool(cluster_ip) and cluster_ip != "None"
 
 
+QUOTED = 64  # characters of a user's value that a warning quotes
+
+
+def _quoted(value: Any) -> str:
+    """``value`` as a warning quotes it: its repr, of at most QUOTED characters of it (the
+    warning goes into Events, ``status`` and the log, on every node)."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= QUOTED:
+        return repr(value)
+    return f"{text[:QUOTED]!r}... ({len(text)} characters)"
+
+
 def _cluster_ips(values: Iterable[Any], sid: str) -> tuple[str, ...]:
     """The cluster IPs (the API server allocates them: one that does not parse is an invalid
     Service, never skipped)."""
@@ -178,7 +190,9 @@ def _cluster_ips(values: Iterable[Any], sid: str) -> tuple[str, ...]:
         try:
             out.append(canonical_ip(str(v)))
         except ValueError:
-            raise InvalidObject(f"service {sid}: clusterIP {v!r} is not an IP address") from None
+            raise InvalidObject(
+                f"service {sid}: clusterIP {_quoted(v)} is not an IP address"
+            ) from None
     return tuple(dict.fromkeys(out))
 
 
@@ -205,18 +219,6 @@ def special_address(ip: str) -> str | None:
     if ip == "255.255.255.255":
         return "broadcast"
     return None
-
-
-QUOTED = 64  # characters of a user's value that a warning quotes
-
-
-def _quoted(value: Any) -> str:
-    """``value`` as a warning quotes it: its repr, of at most QUOTED characters of it (the
-    warning goes into Events, ``status`` and the log, on every node)."""
-    text = value if isinstance(value, str) else repr(value)
-    if len(text) <= QUOTED:
-        return repr(value)
-    return f"{text[:QUOTED]!r}... ({len(text)} characters)"
 
 
 def _ips(values: Iterable[Any], what: str, skipped: dict[str, str]) -> tuple[str, ...]:
