@@ -326,7 +326,8 @@ SETTINGS = (
     Setting("node_port_addresses", ("nodePortAddresses",), ("--nodeport-addresses",),
             _node_port_addresses,
             "comma-separated CIDRs of the node addresses that take NodePorts, or 'primary' "
-            "(default: every local address)", "CIDRS", kind="list"),
+            "(default: every local address; a family the CIDRs or 'primary' name nothing of "
+            "keeps every address of that family)", "CIDRS", kind="list"),
     Setting("mode", ("mode",), ("--proxy-mode",), _mode, "must be ipvs (or empty)", "MODE"),
     Setting("scheduler", ("ipvs", "scheduler"), ("--ipvs-scheduler",),
             _one_of(SCHEDULERS, "rr"), "the IPVS scheduler (default rr)", "NAME"),

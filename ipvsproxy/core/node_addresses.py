@@ -2,10 +2,14 @@
 which is the node's IP.
 
 Pure: the addresses come in as read from the kernel, the Node as the API returns it. Upstream's
-default is every local address except loopback, IPv6 link-local and those only on kube-ipvs0; a
-list of CIDRs narrows it, and the keyword ``primary`` names the node IP (upstream's newer
-default) when it is a local address. The node IP is upstream's detectNodeIPs: ``bindAddress``
-unless unspecified, else the Node's first InternalIP, else its first ExternalIP.
+default is every local address except loopback, IPv6 link-local and those only on kube-ipvs0
+(IPv4 link-local ones included); a list of CIDRs narrows a family's, and the keyword ``primary``
+names each family's node IP (upstream's newer default) when it is a local address. A family the
+list names nothing of keeps every address (upstream's NewNodePortAddresses adds 0.0.0.0/0 or
+::/0), as does ``primary`` for a family whose node IP is unknown or loopback
+(expandNodePortAddressKeywords skips it). The node IP is upstream's detectNodeIPs:
+``bindAddress`` unless unspecified, else the Node's first InternalIP, else its first
+ExternalIP.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # Upstream's node IP when neither bindAddress nor the Node object gives one.
 FALLBACK_NODE_IP = "127.0.0.1"
@@ -23,8 +29,11 @@ class InvalidNodePortAddresses(ValueError):
 
 
 def _usable(address: str, families: Collection[int]) -> bool:
+    """Upstream's isValidForSet: of a family served, neither loopback nor IPv6 link-local."""
     ip = ipaddress.ip_address(address)
-    return not (ip.is_loopback or ip.is_link_local) and ip.version in families
+    if ip.version not in families or ip.is_loopback:
+        return False
+    return not (ip.version == 6 and ip.is_link_local)
 
 
 def _order(address: str) -> tuple[int, int]:
@@ -40,7 +49,7 @@ def local_addresses(
 ) -> frozenset[str]:
     """Addresses of ``families`` on every interface but the dummy device (a service IP bound
     there is not a node address, unless another interface has it too); never loopback or
-    link-local."""
+    IPv6 link-local."""
     return frozenset(a for idx, a in addresses if idx != dummy_index and _usable(a, families))
 
 
@@ -52,25 +61,31 @@ def node_port_addresses(
     families: Collection[int] = (4,),
     primary_ip6: str | None = None,
 ) -> tuple[str, ...]:
-    """The node's addresses that carry NodePorts, IPv4 ones first (``primary``: the node IP
-    of each family, when local)."""
+    """The node's addresses that carry NodePorts, IPv4 ones first: of each family, those in
+    the family's CIDRs (``primary``: its node IP, when local), or all of them when the list
+    names none of that family."""
     local = local_addresses(addresses, dummy_index, families)
-    if not node_port_cidrs:
-        return tuple(sorted(local, key=_order))
-    nets = []
-    chosen: set[str] = set()
+    nets: dict[int, list[IPNetwork]] = {4: [], 6: []}
     for entry in node_port_cidrs:
         if entry == "primary":
-            # Upstream matches each family's node IP (a /32 or /128) against the local ones.
-            chosen |= {ip for ip in (primary_ip, primary_ip6) if ip in local}
+            for ip in (primary_ip, primary_ip6):
+                if ip is not None and not ipaddress.ip_address(ip).is_loopback:
+                    net = ipaddress.ip_network(ip)  # a /32 or /128
+                    nets[net.version].append(net)
             continue
         try:
-            nets.append(ipaddress.ip_network(entry, strict=False))
+            net = ipaddress.ip_network(entry, strict=False)
         except ValueError:
             raise InvalidNodePortAddresses(
                 f"nodePortAddresses: {entry!r} is neither a CIDR nor 'primary'"
             ) from None
-    chosen |= {a for a in local if any(ipaddress.ip_address(a) in n for n in nets)}
+        nets[net.version].append(net)
+    chosen = []
+    for a in local:
+        addr = ipaddress.ip_address(a)
+        mine = nets[addr.version]
+        if not mine or any(addr in n for n in mine):
+            chosen.append(a)
     return tuple(sorted(chosen, key=_order))
 
 

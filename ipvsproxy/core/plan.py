@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -64,6 +64,9 @@ class PlanConfig:
     scheduler: str = "rr"
     proxy_name: str | None = None
     families: tuple[int, ...] = (4,)  # the IP families this node's proxy serves
+    # Addresses no externalIP or load-balancer IP may take: the API server's, as the daemon
+    # connects to it (one bound on kube-ipvs0 would cut the node off from the API).
+    reserved: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +271,7 @@ def _plan_lb_vip(
     b.member(ipset_specs.LOAD_BALANCER, entry)
     if sp.external_local:
         b.member(ipset_specs.LOAD_BALANCER_LOCAL, entry)
-    if not sp.lb_source_ranges:
+    if not sp.lb_source_ranges and not sp.lb_closed:
         return
     b.member(ipset_specs.LOAD_BALANCER_FW, entry)
     for cidr in sp.lb_source_ranges:
@@ -318,8 +321,9 @@ def plan_service(
     """The desired dataplane for one Service (None: the Service is gone)."""
     if svc is None or not is_proxied(svc, cfg.proxy_name):
         return EMPTY
+    fields: dict[str, str] = {}  # the Service's entries left out, and why
     try:
-        ports = service_ports(svc)
+        ports = _refuse_taken(service_ports(svc, fields), node, cfg, fields)
     except InvalidObject as exc:
         return ServicePlan(error=str(exc))
     b = _Builder()
@@ -337,11 +341,52 @@ def plan_service(
             _plan_port(b, sp, endpoints, node, cfg)
     if not planned:
         return EMPTY
-    warnings = (_skipped_warning(ports[0].service, skipped),) if skipped else ()
-    return b.build(warnings, creation_time(svc))
+    sid = ports[0].service
+    warnings = [_fields_warning(sid, fields)] if fields else []
+    if skipped:
+        warnings.append(_skipped_warning(sid, skipped))
+    return b.build(tuple(warnings), creation_time(svc))
+
+
+def _refuse_taken(
+    ports: list[ServicePort], node: NodeFacts, cfg: PlanConfig, fields: dict[str, str]
+) -> list[ServicePort]:
+    """``ports`` without the externalIPs and load-balancer IPs this node or the API server
+    has (a node address would hand its host ports to the Service; the API server's, bound on
+    kube-ipvs0, would cut the node off from the API), each in ``fields`` with the reason."""
+    if not ports or not (ports[0].external_ips or ports[0].lb_vips):
+        return ports
+    own = node.local_addresses | {ip for ip in (node.primary_ip, node.primary_ip6) if ip}
+
+    def kept(ips: tuple[str, ...], what: str) -> tuple[str, ...]:
+        out = []
+        for ip in ips:
+            if ip in own:
+                fields[f"{what} {ip!r}"] = "this node's address"
+            elif ip in cfg.reserved:
+                fields[f"{what} {ip!r}"] = "the API server's address"
+            else:
+                out.append(ip)
+        return tuple(out)
+
+    external_ips = kept(ports[0].external_ips, "externalIP")
+    lb_vips = kept(ports[0].lb_vips, "load-balancer ingress IP")
+    if (external_ips, lb_vips) == (ports[0].external_ips, ports[0].lb_vips):
+        return ports
+    return [replace(sp, external_ips=external_ips, lb_vips=lb_vips) for sp in ports]
 
 
 MAX_NAMED = 10  # a warning names at most this many skipped addresses and ports
+
+
+def _fields_warning(sid: str, fields: Mapping[str, str]) -> str:
+    named = [f"{what} ({why})" for what, why in sorted(fields.items())[:MAX_NAMED]]
+    more = len(fields) - len(named)
+    tail = f" and {more} more" if more > 0 else ""
+    return (
+        f"service {sid}: entries that cannot be programmed were skipped, the rest of the "
+        f"Service is programmed: {', '.join(named)}{tail}"
+    )
 
 
 def _skipped_warning(sid: str, skipped: Mapping[str, str]) -> str:

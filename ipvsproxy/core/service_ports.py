@@ -96,6 +96,8 @@ class ServicePort:
     health_check_node_port: int
     type: str
     scheduler: str | None = None  # the SCHEDULER_ANNOTATION's; None: the configuration's
+    # Source ranges were given and none parsed: the load-balancer IPs admit no source.
+    lb_closed: bool = False
 
     def of_family(self, family: int) -> ServicePort:
         """This port as the proxier of ``family`` (4 or 6) sees it: its addresses and source
@@ -185,43 +187,109 @@ def is_proxied(svc: Mapping[str, Any], proxy_name: str | None = None) -> bool:
     return bool(cluster_ip) and cluster_ip != "None"
 
 
-def _ips(values: Iterable[Any], what: str, sid: str) -> tuple[str, ...]:
+def _cluster_ips(values: Iterable[Any], sid: str) -> tuple[str, ...]:
+    """The cluster IPs (the API server allocates them: one that does not parse is an invalid
+    Service, never skipped)."""
     out = []
     for v in values or ():
         try:
+            out.append(canonical_ip(str(v)))
+        except ValueError:
+            raise InvalidObject(
+                f"service {sid}: clusterIP {shown(v)} is not an IP address"
+            ) from None
+    return tuple(dict.fromkeys(out))
+
+
+_THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
+
+
+def special_address(ip: str) -> str | None:
+    """Why the canonical address ``ip`` must not be an externalIP or load-balancer IP, by its
+    class alone; None when it may. Bound on kube-ipvs0, loopback makes the filter reject the
+    node's other localhost ports, link-local hijacks the metadata service."""
+    addr = ipaddress.ip_address(ip)
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return "an IPv4-mapped IPv6 address"
+    if isinstance(addr, ipaddress.IPv6Address) and addr.scope_id is not None:
+        return "an address with a zone"
+    if addr.is_loopback:
+        return "loopback"
+    if addr.is_link_local:
+        return "link-local"
+    if addr.is_multicast:
+        return "multicast"
+    if addr.is_unspecified or (addr.version == 4 and addr in _THIS_NETWORK):
+        return "unspecified"
+    if ip == "255.255.255.255":
+        return "broadcast"
+    return None
+
+
+def _ips(values: Iterable[Any], what: str, skipped: dict[str, str]) -> tuple[str, ...]:
+    """The entries that are addresses a Service may take, canonical; each other one goes to
+    ``skipped`` with the reason (upstream's MapIPsByIPFamily skips what does not parse; an
+    empty entry is no entry)."""
+    out = []
+    for v in values or ():
+        if v is None or not str(v).strip():
+            continue
+        try:
             ip = canonical_ip(str(v))
         except ValueError:
-            raise InvalidObject(f"service {sid}: {what} {shown(v)} is not an IP address") from None
+            skipped[f"{what} {shown(v)}"] = "not an IP address in canonical form"
+            continue
+        why = special_address(ip)
+        if why is not None:
+            skipped[f"{what} {shown(v)}"] = why
+            continue
         out.append(ip)
     return tuple(dict.fromkeys(out))
 
 
-def _cidrs(values: Iterable[Any], sid: str) -> tuple[str, ...]:
+SOURCE_RANGES = "loadBalancerSourceRanges"
+
+
+def _cidrs(values: Iterable[Any], skipped: dict[str, str]) -> tuple[tuple[str, ...], bool]:
     """The source ranges of both families, each in canonical form (``of_family`` splits them,
-    and drops a family's ranges when one is its /0)."""
-    out = []
+    and drops a family's ranges when one is its /0), and whether the load-balancer IPs admit
+    no source: there were ranges, and none of them parsed (upstream's MapCIDRsByIPFamily skips
+    each unparsable one, and so admits everyone when none is left: a firewall whose every rule
+    is unreadable is closed here instead). Each unparsable range goes to ``skipped``."""
+    out, given = [], False
     for v in values or ():
-        text = str(v).strip()
+        text = str(v).strip() if v is not None else ""
+        if not text:
+            continue
+        given = True
         try:
-            net = ipaddress.ip_network(text, strict=False)
+            out.append(str(ipaddress.ip_network(text, strict=False)))
         except ValueError:
-            raise InvalidObject(
-                f"service {sid}: loadBalancerSourceRanges entry {shown(v)} is not a CIDR"
-            ) from None
-        out.append(str(net))
-    return tuple(dict.fromkeys(out))
+            skipped[f"{SOURCE_RANGES} entry {shown(v)}"] = "not a CIDR"
+    closed = given and not out
+    if closed:
+        skipped[SOURCE_RANGES] = (
+            "none is a CIDR: the load-balancer IPs admit no source until one is"
+        )
+    return tuple(dict.fromkeys(out)), closed
 
 
-def service_ports(svc: Mapping[str, Any]) -> list[ServicePort]:
-    """Every port of a proxied Service; raises InvalidObject naming the bad field."""
+def service_ports(
+    svc: Mapping[str, Any], skipped: dict[str, str] | None = None
+) -> list[ServicePort]:
+    """Every port of a proxied Service; raises InvalidObject naming the bad field. An
+    externalIP, load-balancer IP or source range that cannot be programmed is left out, and
+    ``skipped`` (if given) gets it with the reason: the rest of the Service is programmed."""
+    skipped = {} if skipped is None else skipped
     sid = service_id(svc)
     spec = svc.get("spec") or {}
     stype = spec.get("type") or "ClusterIP"
-    cluster_ips = _ips(spec.get("clusterIPs") or [spec.get("clusterIP")], "clusterIP", sid)
+    cluster_ips = _cluster_ips(spec.get("clusterIPs") or [spec.get("clusterIP")], sid)
+    # Whatever the type, as upstream's newBaseServiceInfo.
     ingress = _get(svc, "status", "loadBalancer", "ingress") or []
     vips = [i.get("ip") for i in ingress if i.get("ip") and i.get("ipMode") in (None, "VIP")]
-    lb_vips = _ips(vips, "load-balancer ingress IP", sid) if stype == "LoadBalancer" else ()
-    external_ips = _ips(spec.get("externalIPs") or [], "externalIP", sid)
+    lb_vips = _ips(vips, "load-balancer ingress IP", skipped)
+    external_ips = _ips(spec.get("externalIPs") or [], "externalIP", skipped)
     affinity = 0
     if spec.get("sessionAffinity") == "ClientIP":
         affinity = int(
@@ -229,7 +297,7 @@ def service_ports(svc: Mapping[str, Any]) -> list[ServicePort]:
             or DEFAULT_AFFINITY_TIMEOUT
         )
     externally = stype in ("NodePort", "LoadBalancer") or bool(external_ips)
-    source_ranges = _cidrs(spec.get("loadBalancerSourceRanges") or [], sid)
+    source_ranges, closed = _cidrs(spec.get("loadBalancerSourceRanges") or [], skipped)
     scheduler = _scheduler(svc, sid)
     ports = []
     for p in spec.get("ports") or []:
@@ -257,6 +325,7 @@ def service_ports(svc: Mapping[str, Any]) -> list[ServicePort]:
                 health_check_node_port=int(spec.get("healthCheckNodePort") or 0),
                 type=stype,
                 scheduler=scheduler,
+                lb_closed=closed,
             )
         )
     return ports
@@ -411,8 +480,8 @@ def endpoints_by_port(
             cond = cond or {}
             ready = cond.get("ready")
             ready = True if ready is None else bool(ready)
-            serving = cond.get("serving")
-            serving = ready if serving is None else bool(serving)
+            serving = cond.get("serving")  # absent: serving, whatever ready says (the API's)
+            serving = True if serving is None else bool(serving)
             terminating = bool(cond.get("terminating"))
             hinted = hints_of(hints) if hints else None
             for addr in (addresses or [])[:1]:  # the first address is the one used

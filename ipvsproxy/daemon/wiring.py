@@ -19,6 +19,7 @@ from ipvsproxy.core.node_addresses import FALLBACK_NODE_IP, node_ip
 from ipvsproxy.core.plan import PlanConfig
 from ipvsproxy.core.service_ports import LABEL_SERVICE_NAME
 from ipvsproxy.core.virtual_servers import ServiceKey, Traffic
+from ipvsproxy.daemon.apiserver import api_server_addresses
 from ipvsproxy.daemon.config_watch import start_config_watch
 from ipvsproxy.daemon.kernel_settings import KernelSettingsError, apply_kernel_settings
 from ipvsproxy.daemon.node import node_facts, rules_config
@@ -298,7 +299,10 @@ def run(cfg: ProxyConfig, open_backends: Callable[[], Backends] = Backends.open)
         node_ip6=node_ip(cfg.bind_address, None, 6) if 6 in families else None,
     )
     plan_config = PlanConfig(
-        scheduler=cfg.scheduler, proxy_name=cfg.service_proxy_name, families=families
+        scheduler=cfg.scheduler,
+        proxy_name=cfg.service_proxy_name,
+        families=families,
+        reserved=api_server_addresses(str(api.configuration.host or "")),
     )
     dp = Dataplane(
         facts,

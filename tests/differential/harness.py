@@ -264,7 +264,7 @@ class DiffLab:
                 svc = sl["metadata"].get("labels", {}).get("kubernetes.io/service-name", "")
                 for ep in sl.get("endpoints") or []:
                     cond = ep.get("conditions") or {}
-                    serving = bool(cond.get("serving", cond.get("ready", True)))
+                    serving = cond.get("serving") is not False  # absent: serving (the API's)
                     for addr in ep["addresses"]:
                         out.setdefault(svc, []).append(
                             (addr, serving, bool(cond.get("terminating", False)))

@@ -1,9 +1,10 @@
 """Inputs that real clusters send, through the real dataplane with real traffic: a /0 source
-range, endpoint addresses the kernel refuses, two Services claiming one virtual server, and
-externalTrafficPolicy Local without a local endpoint."""
+range, endpoint addresses the kernel refuses, externalIPs no Service may take, two Services
+claiming one virtual server, and externalTrafficPolicy Local without a local endpoint."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,48 @@ def test_endpoint_addresses_the_kernel_refuses_are_skipped_the_others_serve(
         )
         answers = {netns.tcp_request(n1.pods[1].netns, "10.96.2.2", 80)["pod"] for _ in range(6)}
         assert answers == {p.name for p in good}
+
+
+def test_a_loopback_external_ip_is_refused_and_the_nodes_localhost_stays_reachable(
+    lab_cluster: Cluster, tmp_path: Path, routes_to_node1: None
+) -> None:
+    """externalIPs [127.0.0.1, the node's own IP, a valid one]: bound on kube-ipvs0, 127.0.0.1
+    would make KUBE-IPVS-FILTER reject new connections to every other localhost port of the
+    node (the kubelet's healthz, etcd); both are refused and reported, the valid one serves."""
+    n1 = lab_cluster.node("node-1")
+    listener = netns.make_socket(n1.netns, socket.SOCK_STREAM)
+    listener.settimeout(3)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+
+    def localhost_reachable() -> bool:
+        try:
+            with netns.make_socket(n1.netns, socket.SOCK_STREAM) as client:
+                client.settimeout(3)
+                client.connect(("127.0.0.1", port))
+                listener.accept()[0].close()
+            return True
+        except OSError:
+            return False
+
+    svc = service("loopy", "10.96.2.6", externalIPs=["127.0.0.1", n1.ip, "198.51.100.31"])
+    sl = endpoint_slice("loopy", [endpoint(n1.pods[0].ip, "node-1")])
+    try:
+        assert localhost_reachable()
+        with node_dataplane(lab_cluster, n1, tmp_path / "s.json") as ndp:
+            result = apply(ndp, ("default/loopy", svc, [sl]))
+            assert result.errors == []
+            assert localhost_reachable()
+            a = netns.tcp_request("external", "198.51.100.31", 80)
+            assert a["pod"] == n1.pods[0].name
+            assert "127.0.0.1" not in sh(lab_cluster, n1.netns, "ip -4 addr show dev kube-ipvs0")
+            assert f"{n1.ip}:80" not in sh(lab_cluster, n1.netns, "ipvsadm -Ln")
+            warning = ndp.dp.errors["default/loopy"]
+            assert "'127.0.0.1' (loopback" in warning
+            assert f"'{n1.ip}' (this node's address" in warning
+    finally:
+        listener.close()
 
 
 def _created(svc: dict[str, Any], when: str) -> dict[str, Any]:

@@ -107,12 +107,18 @@ def test_primary_node_port_address_is_the_nodes_internal_ip(
         netns.tcp_request(n1.pods[1].netns, n1.gateway, hc, timeout=2)
 
 
+LINK_LOCAL = "169.254.77.7"
+
+
 def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
     lab_cluster: Cluster, tmp_path: Path
 ) -> None:
     """An address added to eth0 after start (DHCP, keepalived, kube-vip) carries the NodePorts
     by the next sync, and goes with them when removed; an externalIP that becomes a node
-    address is no longer bound to kube-ipvs0, and is again when the node lets it go."""
+    address is refused (no virtual server, not bound to kube-ipvs0: it would take the node's
+    own port), and is programmed again when the node lets it go; one equal to the API
+    server's address (as the daemon reaches it) is never programmed. An IPv4 link-local
+    address carries NodePorts too, as upstream's."""
     from kubernetes import client
 
     lab = LabKube(
@@ -121,7 +127,7 @@ def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
     lab.start_apiserver()
     lab.start_controller()
     n1, ext = lab_cluster.nodes[0], lab_cluster.external
-    added, vip = "192.168.56.211", "192.168.56.212"
+    added, vip, api = "192.168.56.211", "192.168.56.212", lab_cluster.apiserver_ip
     try:
         core: Any = client.CoreV1Api(lab.api)
         disc: Any = client.DiscoveryV1Api(lab.api)
@@ -129,7 +135,7 @@ def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
         lab.wait_first_sync(n1)
         spec = {
             "type": "NodePort",
-            "externalIPs": [vip],
+            "externalIPs": [vip, api],
             "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30520}],
         }
         selectorless(core, disc, "web", spec, n1.pods[0])
@@ -146,20 +152,29 @@ def test_node_ports_and_local_decisions_follow_the_nodes_addresses(
 
         wait_for(lambda: answers(n1.ip, 30520), 30, "NodePort on eth0's address")
         wait_for(lambda: on_dummy(vip), 30, "externalIP bound to kube-ipvs0")
+        assert not on_dummy(api) and f"{api}:80" not in ipvs()  # the API server's: refused
         assert f"{added}:30520" not in ipvs()
         for ip in (added, vip):
             lab_cluster.exec(n1.netns, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
+        lab_cluster.exec(n1.netns, "ip", "addr", "add", f"{LINK_LOCAL}/32", "dev", "eth0")
+        lab_cluster.exec(ext.netns, "ip", "route", "replace", f"{LINK_LOCAL}/32", "via", n1.ip)
         wait_for(lambda: answers(added, 30520), 30, "NodePort on the added address")
+        wait_for(lambda: answers(LINK_LOCAL, 30520), 30, "NodePort on a link-local address")
         wait_for(lambda: not on_dummy(vip), 30, "externalIP now local: not on kube-ipvs0")
-        wait_for(lambda: answers(vip, 80), 30, "externalIP served from eth0's address")
+        wait_for(lambda: f"{vip}:80" not in ipvs(), 30, "externalIP now the node's: refused")
         for ip in (added, vip):
             lab_cluster.exec(n1.netns, "ip", "addr", "del", f"{ip}/24", "dev", "eth0")
         wait_for(lambda: f"{added}:30520" not in ipvs(), 30, "NodePort virtual server removed")
         wait_for(lambda: on_dummy(vip), 30, "externalIP bound to kube-ipvs0 again")
+        assert f"{vip}:80" in ipvs()
         wait_for(lambda: answers(n1.ip, 30520), 30, "NodePort on eth0's address still")
     finally:
         for ip in (added, vip):
             lab_cluster.exec(n1.netns, "ip", "addr", "del", f"{ip}/24", "dev", "eth0", check=False)
+        lab_cluster.exec(
+            n1.netns, "ip", "addr", "del", f"{LINK_LOCAL}/32", "dev", "eth0", check=False
+        )
+        lab_cluster.exec(ext.netns, "ip", "route", "del", f"{LINK_LOCAL}/32", check=False)
         print(lab.logs())
         lab.stop(cleanup=True)
 

@@ -69,7 +69,9 @@ def proxy_with(argv: list[str]) -> tuple[Proxy, FakeDataplane]:
 
 def test_primary_node_port_address_is_the_nodes_internal_ip() -> None:
     proxy, dp = proxy_with(["--nodeport-addresses", "primary"])
-    assert "10.244.1.1" not in dp.node.node_ips  # not the string-smallest local address
+    # No Node seen yet: the node IP is upstream's loopback, which ``primary`` skips, so every
+    # IPv4 address matches (expandNodePortAddressKeywords, NewNodePortAddresses).
+    assert set(dp.node.node_ips) == {"10.244.1.1", "192.168.56.11"}
     proxy.on_node("node-1", None, cast(Any, NODE))
     assert set(proxy.changes.dirty) == {"default/np"}  # only the Service that reads node addresses
     proxy._replan()
@@ -299,3 +301,24 @@ def test_a_family_without_a_node_port_address_is_named_by_healthz(
     assert [m.split(" ", 2)[:2] for m in said if "carries" in m] == [["no", "IPv6"]]
     assert "IPv6 NodePorts are on this node's addresses again" in said
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_the_family_node_port_addresses_leave_out_has_node_ports_and_health_checks() -> None:
+    """nodePortAddresses of IPv4 only: IPv6 NodePorts and health-check ports are on every
+    IPv6 address of the node (upstream's IPv6 proxier matches ::/0), not on none."""
+    cfg = build(None, ["--nodeport-addresses", "192.168.56.0/24"])
+    addrs = FakeAddresses(
+        [(1, "127.0.0.1"), (1, "::1"), (2, "192.168.56.11"), (2, "fc00::11"), (2, "fe80::1")]
+    )
+    dp = FakeDataplane(addrs, cfg)
+    dp.node = node_facts("node-1", cast(Any, dp.backends), cfg, "192.168.56.11", "", (4, 6))
+    assert dp.node.node_ips == ("192.168.56.11", "fc00::11")
+    proxy = Proxy(cfg, cast(Any, dp), Metrics())
+    listened: list[Any] = []
+
+    def sync(_wanted: Any, addresses: Any = None) -> None:
+        listened.append(addresses)
+
+    proxy.health_checks = cast(Any, SimpleNamespace(sync=sync))
+    proxy._health_checks()
+    assert listened == [("192.168.56.11", "fc00::11")]

@@ -26,9 +26,9 @@ def test_an_invalid_update_keeps_the_last_good_plan_and_says_why(tmp_path: Path)
     key = ServiceKey("10.96.0.10", Protocol.TCP, 80)
     assert key in dp.desired.virtual_servers
     dp.pending = Changes()  # as after a sync
-    bad = service("web", "10.96.0.10", externalIPs=["300.1.2.3"])
+    bad = service("web", "10.96.0.10", ports=[{"name": "http", "port": 80, "protocol": "ICMP"}])
     error = dp.update_service("default/web", bad, [sl])
-    assert error is not None and "default/web" in error and "externalIP" in error
+    assert error is not None and "default/web" in error and "protocol" in error
     assert dp.errors == {"default/web": error}
     assert key in dp.desired.virtual_servers  # still programmed as before
     assert not dp.pending  # nothing to do
@@ -77,15 +77,16 @@ def test_an_invalid_service_keeps_following_its_endpoints(tmp_path: Path) -> Non
     old = endpoint_slice("web", [endpoint("10.244.1.11")])
     assert dp.update_service("default/web", service("web", "10.96.0.10"), [old]) is None
     dp.pending = Changes()  # as after a sync
-    bad = service("web", "10.96.0.10", externalIPs=["300.1.2.3"])
+    icmp = [{"name": "http", "port": 80, "protocol": "ICMP"}]
+    bad = service("web", "10.96.0.10", ports=icmp, externalIPs=["198.51.100.99"])
     assert dp.update_service("default/web", bad, [old]) is not None
     new = endpoint_slice("web", [endpoint("10.244.1.12"), endpoint("10.244.2.13", "node-2")])
     error = dp.update_service("default/web", bad, [new])
-    assert error is not None and "externalIP" in error
+    assert error is not None and "protocol" in error
     assert dp.errors == {"default/web": error}  # still reported as invalid
     assert {d.address for d in dp.desired.real_servers[key]} == {"10.244.1.12", "10.244.2.13"}
     assert key in dp.pending.services
-    assert "300.1.2.3" not in dp.desired.bind_refs  # the bad edit itself is not programmed
+    assert "198.51.100.99" not in dp.desired.bind_refs  # the bad edit itself is not programmed
 
 
 @pytest.mark.parametrize("content", ["", "{", '{"version": 99}'])

@@ -21,9 +21,12 @@ ADDRS = [
 ]
 
 
-def test_default_is_every_local_address_but_loopback_link_local_and_the_dummy() -> None:
-    assert node_port_addresses(ADDRS, dummy_index=4) == ("10.244.1.1", "192.168.56.11")
-    assert local_addresses(ADDRS, 4) == {"10.244.1.1", "192.168.56.11"}
+def test_default_is_every_local_address_but_loopback_and_the_dummy() -> None:
+    # IPv4 link-local included (upstream's isValidForSet drops IPv6 link-local only).
+    everything = ("10.244.1.1", "169.254.3.3", "192.168.56.11")
+    assert node_port_addresses(ADDRS, dummy_index=4) == everything
+    assert local_addresses(ADDRS, 4) == set(everything)
+    assert node_port_addresses(ADDRS, 4, ["169.254.0.0/16"]) == ("169.254.3.3",)
 
 
 def test_cidrs_and_primary_narrow_it() -> None:
@@ -84,9 +87,10 @@ ADDRS6 = [
 
 
 def test_ipv6_node_addresses_when_the_proxy_serves_ipv6() -> None:
-    assert node_port_addresses(ADDRS6, 4) == ("10.244.1.1", "192.168.56.11")
+    assert node_port_addresses(ADDRS6, 4) == ("10.244.1.1", "169.254.3.3", "192.168.56.11")
     assert node_port_addresses(ADDRS6, 4, families=(4, 6)) == (
         "10.244.1.1",
+        "169.254.3.3",
         "192.168.56.11",
         "fc00::11",
         "fd00:10:244:1::1",
@@ -96,7 +100,29 @@ def test_ipv6_node_addresses_when_the_proxy_serves_ipv6() -> None:
         ADDRS6, 4, ["primary"], "192.168.56.11", (4, 6), primary_ip6="fc00::11"
     )
     assert primary == ("192.168.56.11", "fc00::11")
-    assert node_port_addresses(ADDRS6, 4, ["fc00::/64"], families=(4, 6)) == ("fc00::11",)
+    assert node_port_addresses(ADDRS6, 4, ["fc00::/64", "fd00::/8"], None, (6,)) == (
+        "fc00::11",
+        "fd00:10:244:1::1",
+    )
+
+
+def test_a_family_nodePortAddresses_names_nothing_of_has_every_address_of_it() -> None:
+    """Upstream's NewNodePortAddresses: a family with no CIDR of its own in the list matches
+    all of that family's addresses (0.0.0.0/0 or ::/0), as does ``primary`` for a family
+    without a node IP, or with a loopback one (expandNodePortAddressKeywords)."""
+    v4 = ("10.244.1.1", "169.254.3.3", "192.168.56.11")
+    v6 = ("fc00::11", "fd00:10:244:1::1")
+    both = (4, 6)
+    assert node_port_addresses(ADDRS6, 4, ["fc00::/64"], families=both) == (*v4, "fc00::11")
+    assert node_port_addresses(ADDRS6, 4, ["192.168.56.0/24"], families=both) == (
+        "192.168.56.11",
+        *v6,
+    )
+    primary_v4 = node_port_addresses(ADDRS6, 4, ["primary"], "192.168.56.11", both, None)
+    assert primary_v4 == ("192.168.56.11", *v6)
+    fallback = node_port_addresses(ADDRS6, 4, ["primary"], "127.0.0.1", both, "fc00::11")
+    assert fallback == (*v4, "fc00::11")
+    assert node_port_addresses(ADDRS, 4, ["primary"], primary_ip="127.0.0.1") == v4
 
 
 def test_the_ipv6_node_ip_is_the_nodes_first_ipv6_internal_ip() -> None:

@@ -101,10 +101,13 @@ def test_skipped_services() -> None:
 
 
 def test_invalid_service_is_an_error_naming_the_field() -> None:
-    p = plan(service("bad", "10.96.0.10", externalIPs=["not-an-ip"]))
+    p = plan(service("bad", "10.96.0.10", ports=[{"port": 80, "protocol": "ICMP"}]))
     assert p.error is not None
-    assert "default/bad" in p.error and "externalIP" in p.error
+    assert "default/bad" in p.error and "protocol" in p.error
     assert not p.virtual_servers
+    # An unparsable externalIP is that entry's problem only (test_plan_inputs.py).
+    p = plan(service("bad", "10.96.0.10", externalIPs=["not-an-ip"]))
+    assert p.error is None and "externalIP 'not-an-ip'" in p.warnings[0]
 
 
 def test_node_port() -> None:
@@ -205,12 +208,13 @@ def test_external_ips_and_lb_ingress() -> None:
     p = plan(svc)
     keys = {(k.address, k.port) for k in p.virtual_servers}
     assert ("198.51.100.7", 80) in keys
-    assert ("192.168.56.11", 80) in keys
     assert ("203.0.113.20", 80) in keys
     assert ("203.0.113.21", 80) not in keys  # ipMode Proxy: the load balancer proxies
-    # A node's own address is not bound again on kube-ipvs0.
+    # A node's own address is refused (it would take the node's own port 80), and reported.
+    assert ("192.168.56.11", 80) not in keys
+    assert "externalIP '192.168.56.11' (this node's address)" in p.warnings[0]
     assert p.bind == {"10.96.0.40", "198.51.100.7", "203.0.113.20"}
-    assert p.members[ipset_specs.EXTERNAL_IP] == {"198.51.100.7,tcp:80", "192.168.56.11,tcp:80"}
+    assert p.members[ipset_specs.EXTERNAL_IP] == {"198.51.100.7,tcp:80"}
     assert p.members[ipset_specs.LOAD_BALANCER] == {"203.0.113.20,tcp:80"}
 
 
@@ -237,8 +241,11 @@ def test_load_balancer_source_ranges() -> None:
     p = plan(lb(["192.168.56.0/24"]))
     assert p.members[ipset_specs.LOAD_BALANCER_SOURCE_IP] == {"203.0.113.30,tcp:443,203.0.113.30"}
     assert not p.out_filters
+    # None parses: closed to everyone, never open (test_plan_inputs.py).
     bad = plan(lb(["nonsense"]))
-    assert bad.error is not None and "loadBalancerSourceRanges" in bad.error
+    assert bad.error is None and "loadBalancerSourceRanges" in bad.warnings[0]
+    assert bad.out_filters == {OutFilter("203.0.113.30", Protocol.TCP, 443)}
+    assert ipset_specs.LOAD_BALANCER_SOURCE_CIDR not in bad.members
 
 
 def test_session_affinity() -> None:
@@ -304,13 +311,14 @@ def test_the_node_may_reach_a_vip_when_any_one_of_its_ranges_holds_it() -> None:
     assert p.out_filters == {OutFilter("203.0.113.30", Protocol.TCP, 443)}
 
 
-def test_a_load_balancer_ip_that_is_a_node_address_is_not_bound() -> None:
-    # Bound on kube-ipvs0 it would join KUBE-IPVS-IPS, and KUBE-IPVS-FILTER would then refuse
-    # new connections to every other port of the node.
+def test_a_load_balancer_ip_that_is_a_node_address_is_refused() -> None:
+    # Its virtual server would take the node's own port; bound on kube-ipvs0 (on the nodes
+    # that do not own it) KUBE-IPVS-FILTER would refuse new connections to its other ports.
     p = plan(lb_with_ranges([], ingress="192.168.56.11"))
-    assert ServiceKey("192.168.56.11", Protocol.TCP, 443) in p.virtual_servers
-    assert p.members[ipset_specs.LOAD_BALANCER] == {"192.168.56.11,tcp:443"}
+    assert ServiceKey("192.168.56.11", Protocol.TCP, 443) not in p.virtual_servers
+    assert ipset_specs.LOAD_BALANCER not in p.members
     assert p.bind == {"10.96.0.50"}
+    assert "load-balancer ingress IP '192.168.56.11' (this node's address)" in p.warnings[0]
 
 
 SVC_F_SCHED_MH_PORT = 0x0010  # IP_VS_SVC_F_SCHED_MH_PORT: what upstream sets for mh

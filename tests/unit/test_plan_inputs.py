@@ -201,3 +201,147 @@ def test_creation_time_then_name_decide_and_no_timestamp_comes_last(tmp_path: Pa
     assert dp.desired.owner[key] == "default/c"
     dp.update_service("default/c", None, [])
     assert dp.desired.owner[key] == "default/a" and dp.errors == {}
+
+
+API_SERVER = "192.168.56.2"
+GUARDED = PlanConfig(reserved=frozenset({API_SERVER}))
+
+
+def _vips(p: ServicePlan) -> set[str]:
+    return {key.address for key in p.virtual_servers}
+
+
+def test_an_unparsable_external_or_load_balancer_ip_or_range_skips_that_entry_only() -> None:
+    svc = service(
+        "odd",
+        "10.96.0.60",
+        type="LoadBalancer",
+        externalIPs=["010.1.1.1", "198.51.100.7", "nope", ""],
+        loadBalancerSourceRanges=["192.0.2.0/24", "10.0.0.0/33", " 198.18.0.0/15 "],
+        status={"loadBalancer": {"ingress": [{"ip": "203.0.113.300"}, {"ip": "203.0.113.30"}]}},
+    )
+    p = plan(svc)
+    assert p.error is None
+    assert _vips(p) == {"10.96.0.60", "198.51.100.7", "203.0.113.30"}
+    assert p.members[ipset_specs.LOAD_BALANCER_SOURCE_CIDR] == {
+        "203.0.113.30,tcp:80,192.0.2.0/24",
+        "203.0.113.30,tcp:80,198.18.0.0/15",
+    }
+    (warning,) = p.warnings
+    assert "default/odd" in warning
+    for bad in ("'010.1.1.1'", "'nope'", "'203.0.113.300'", "'10.0.0.0/33'"):
+        assert bad in warning, bad
+    assert "''" not in warning  # an empty entry is no entry (upstream: not even logged)
+
+
+def test_source_ranges_none_of_which_parses_admit_no_one() -> None:
+    """Upstream drops unparsable ranges and, none left, admits everyone; a firewall whose
+    every rule is unreadable is closed instead (and reported), never silently opened."""
+    p = plan(lb(["010.0.0.0/8", "nope"]))
+    assert p.error is None and "203.0.113.30" in _vips(p)
+    assert p.members[ipset_specs.LOAD_BALANCER_FW] == {"203.0.113.30,tcp:443"}
+    assert ipset_specs.LOAD_BALANCER_SOURCE_CIDR not in p.members
+    assert ipset_specs.LOAD_BALANCER_SOURCE_IP not in p.members
+    assert {f.address for f in p.out_filters} == {"203.0.113.30"}
+    (warning,) = p.warnings
+    assert "'010.0.0.0/8'" in warning and "admit no source" in warning
+
+
+SPECIAL = {
+    "127.0.0.1": "loopback",
+    "127.1.2.3": "loopback",
+    "169.254.169.254": "link-local",
+    "0.0.0.0": "unspecified",
+    "224.0.0.1": "multicast",
+    "255.255.255.255": "broadcast",
+    "::1": "loopback",
+    "fe80::1": "link-local",
+    "::": "unspecified",
+    "ff02::1": "multicast",
+    "::ffff:127.0.0.1": "IPv4-mapped",
+    "2001:db8::1%eth0": "zone",
+    "192.168.56.11": "this node's address",
+    "10.244.1.1": "this node's address",
+    API_SERVER: "the API server's address",
+}
+
+
+def _special_warning(p: ServicePlan, what: str, refused: dict[str, str]) -> None:
+    (warning,) = p.warnings
+    for address, why in refused.items():
+        named = f"{what} '{address}' ("
+        assert named in warning and why in warning.split(named)[1], (address, warning)
+
+
+# Two halves: a warning names at most 10 entries.
+HALVES = [dict(list(SPECIAL.items())[:7]), dict(list(SPECIAL.items())[7:])]
+
+
+def test_special_and_node_owned_external_ips_are_refused_the_rest_programmed() -> None:
+    for refused in HALVES:
+        svc = service("ext", "10.96.0.61", externalIPs=[*refused, "198.51.100.8"])
+        p = plan_service(svc, [endpoint_slice("ext", [endpoint("10.244.1.11")])], NODE, GUARDED)
+        assert p.error is None
+        assert _vips(p) == {"10.96.0.61", "198.51.100.8"}
+        assert p.bind == {"10.96.0.61", "198.51.100.8"}
+        assert p.members[ipset_specs.EXTERNAL_IP] == {"198.51.100.8,tcp:80"}
+        _special_warning(p, "externalIP", refused)
+
+
+def test_special_and_node_owned_load_balancer_ips_are_refused_the_rest_programmed() -> None:
+    for refused in HALVES:
+        ingress = [{"ip": ip} for ip in [*refused, "203.0.113.31"]]
+        svc = service(
+            "lbs",
+            "10.96.0.62",
+            type="LoadBalancer",
+            ports=[{"name": "http", "port": 80, "nodePort": 30062, "protocol": "TCP"}],
+            status={"loadBalancer": {"ingress": ingress}},
+        )
+        p = plan_service(svc, [], NODE, GUARDED)
+        assert p.error is None
+        assert _vips(p) == {"10.96.0.62", "203.0.113.31", "192.168.56.11"}  # (the NodePort)
+        assert p.bind == {"10.96.0.62", "203.0.113.31"}
+        assert p.members[ipset_specs.LOAD_BALANCER] == {"203.0.113.31,tcp:80"}
+        _special_warning(p, "load-balancer ingress IP", refused)
+
+
+def test_load_balancer_ips_of_a_service_of_another_type_are_programmed() -> None:
+    # Upstream's newBaseServiceInfo reads status.loadBalancer.ingress whatever the type.
+    status = {"loadBalancer": {"ingress": [{"ip": "203.0.113.32"}]}}
+    for stype in ("ClusterIP", "NodePort"):
+        p = plan(service("was-lb", "10.96.0.63", type=stype, status=status))
+        assert "203.0.113.32" in _vips(p), stype
+        assert p.members[ipset_specs.LOAD_BALANCER] == {"203.0.113.32,tcp:80"}
+        assert p.warnings == ()
+
+
+def test_a_refused_external_ip_is_reported_on_its_service(tmp_path: Path) -> None:
+    """As every warning: in ``errors`` (a Warning Event, ``status``) while it lasts, with the
+    rest of the Service programmed."""
+    dp = _dataplane(tmp_path)
+    svc = service("ext", "10.96.0.64", externalIPs=["127.0.0.1", "198.51.100.9"])
+    report = dp.update_service("default/ext", svc, [])
+    assert report is not None and "'127.0.0.1' (loopback" in report
+    assert dp.errors == {"default/ext": report}
+    assert {k.address for k in dp.desired.virtual_servers} == {"10.96.0.64", "198.51.100.9"}
+    fixed = service("ext", "10.96.0.64", externalIPs=["198.51.100.9"])
+    assert dp.update_service("default/ext", fixed, []) is None
+    assert dp.errors == {}
+
+
+def test_a_long_skipped_value_is_cut_in_the_warning() -> None:
+    # Warnings go into Events, `status` and the log, on every node: a user's value is quoted
+    # by its first 64 characters only.
+    long = "1" * 256 * 1024
+    svc = service(
+        "long",
+        "10.96.0.65",
+        type="LoadBalancer",
+        externalIPs=[long],
+        loadBalancerSourceRanges=[long, "192.0.2.0/24"],
+        status={"loadBalancer": {"ingress": [{"ip": long}]}},
+    )
+    (warning,) = plan(svc).warnings
+    assert len(warning) < 1000
+    assert f"externalIP {'1' * 64!r}... (262144 characters)" in warning

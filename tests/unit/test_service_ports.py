@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from ipvsproxy.core.plan import NodeFacts, PlanConfig, plan_service
 from ipvsproxy.core.service_ports import (
     Endpoint,
     InvalidObject,
@@ -23,16 +24,30 @@ def endpoints(*slices: dict[str, Any]) -> list[Endpoint]:
 
 
 def test_absent_conditions_mean_ready_and_serving() -> None:
-    # EndpointConditions: "nil should be interpreted as ready"; serving defaults to ready.
+    # EndpointConditions: nil ready and nil serving are each "interpreted as" true, whatever
+    # the other says (upstream endpointslicecache.go: serving := Serving == nil || *Serving).
     bare = {"addresses": ["10.244.1.11"], "nodeName": "node-1"}
     empty = {"addresses": ["10.244.1.12"], "nodeName": "node-1", "conditions": {}}
     unready = {"addresses": ["10.244.1.13"], "conditions": {"ready": False}}
-    eps = {e.address: e for e in endpoints(endpoint_slice("web", [bare, empty, unready]))}
+    ending = {"addresses": ["10.244.1.14"], "conditions": {"ready": False, "terminating": True}}
+    slice_ = endpoint_slice("web", [bare, empty, unready, ending])
+    eps = {e.address: e for e in endpoints(slice_)}
     for address in ("10.244.1.11", "10.244.1.12"):
         e = eps[address]
         assert (e.ready, e.serving, e.terminating) == (True, True, False), address
     e = eps["10.244.1.13"]
-    assert (e.ready, e.serving, e.terminating) == (False, False, False)
+    assert (e.ready, e.serving, e.terminating) == (False, True, False)
+    e = eps["10.244.1.14"]
+    assert (e.ready, e.serving, e.terminating) == (False, True, True)
+
+
+def test_a_terminating_endpoint_without_serving_is_the_fallback() -> None:
+    # A slice written by another controller that sets ready and terminating only: with no
+    # ready endpoint left, its terminating endpoint (serving absent: serving) takes traffic.
+    ending = {"addresses": ["10.244.1.14"], "conditions": {"ready": False, "terminating": True}}
+    svc = service("web", "10.96.0.10")
+    plan = plan_service(svc, [endpoint_slice("web", [ending])], NodeFacts("node-1"), PlanConfig())
+    assert [list(rs) for rs in plan.real_servers.values()] == [[("10.244.1.14", 8080)]]
 
 
 def test_the_ready_copy_of_a_duplicated_endpoint_wins_in_either_order() -> None:
@@ -105,9 +120,9 @@ def test_load_balancer_ingress_ip_modes() -> None:
         "lb", "10.96.0.10", type="LoadBalancer", status={"loadBalancer": {"ingress": ingress}}
     )
     assert ports(lb)[0].lb_vips == ("203.0.113.1", "203.0.113.2")
-    # Only a LoadBalancer Service's status counts.
+    # Whatever the type, as upstream's newBaseServiceInfo.
     np = service("np", "10.96.0.11", type="NodePort", status={"loadBalancer": {"ingress": ingress}})
-    assert ports(np)[0].lb_vips == ()
+    assert ports(np)[0].lb_vips == ("203.0.113.1", "203.0.113.2")
 
 
 def test_only_ipv4_slices_are_read_and_every_one_of_them() -> None:
