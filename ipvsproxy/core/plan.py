@@ -379,21 +379,22 @@ def _refuse_taken(
 MAX_NAMED = 10  # a warning names at most this many skipped addresses and ports
 
 
+def _named(entries: Mapping[str, str]) -> str:
+    """The first ``MAX_NAMED`` entries with their reasons, and how many more there are."""
+    named = [f"{what} ({why})" for what, why in sorted(entries.items())[:MAX_NAMED]]
+    more = len(entries) - len(named)
+    return ", ".join(named) + (f" and {more} more" if more > 0 else "")
+
+
 def _fields_warning(sid: str, fields: Mapping[str, str]) -> str:
-    named = [f"{what} ({why})" for what, why in sorted(fields.items())[:MAX_NAMED]]
-    more = len(fields) - len(named)
-    tail = f" and {more} more" if more > 0 else ""
     return (
         f"service {sid}: entries that cannot be programmed were skipped, the rest of the "
-        f"Service is programmed: {', '.join(named)}{tail}"
+        f"Service is programmed: {_named(fields)}"
     )
 
 
 def _skipped_warning(sid: str, skipped: Mapping[str, str]) -> str:
-    named = [f"{what} ({why})" for what, why in sorted(skipped.items())[:MAX_NAMED]]
-    more = len(skipped) - len(named)
-    tail = f" and {more} more" if more > 0 else ""
     return (
         f"service {sid}: EndpointSlice entries the kernel refuses were skipped, the other "
-        f"endpoints are programmed: {', '.join(named)}{tail}"
+        f"endpoints are programmed: {_named(skipped)}"
     )
