@@ -131,13 +131,20 @@ def test_a_journal_as_large_as_the_snapshot_is_folded_into_it(tmp_path: Path) ->
     assert StateFile(path).load() == state
 
 
-def test_a_torn_last_line_is_ignored_and_the_next_save_rewrites(tmp_path: Path) -> None:
+def _journalled(tmp_path: Path, digest: str) -> tuple[Path, StateFile, State]:
+    """A state file with its snapshot of ``sample()`` and one journal line after it (the
+    rules digest set to ``digest``)."""
     path = tmp_path / "state.json"
     sf = StateFile(path)
     state = sample()
     sf.save(state)
-    state.rules_digest = "one"
+    state.rules_digest = digest
     sf.save(state)
+    return path, sf, state
+
+
+def test_a_torn_last_line_is_ignored_and_the_next_save_rewrites(tmp_path: Path) -> None:
+    path, sf, _ = _journalled(tmp_path, "one")
     with sf.journal.open("a") as f:
         f.write('{"rules": ["tw')  # a crash while appending
     reader = StateFile(path)
@@ -494,12 +501,7 @@ def test_deep_nesting_or_a_huge_file_is_unreadable_not_fatal(tmp_path: Path) -> 
 
 
 def test_a_damaged_journal_line_loses_only_itself(tmp_path: Path) -> None:
-    path = tmp_path / "state.json"
-    sf = StateFile(path)
-    state = sample()
-    sf.save(state)
-    state.rules_digest = "a"
-    sf.save(state)
+    path, sf, state = _journalled(tmp_path, "a")
     gen = json.loads(path.read_text())["generation"]
     damaged = [
         f'{{"gen": "{gen}", "rules": ["x", "y"',  # torn, then a line appended after it
@@ -518,12 +520,7 @@ def test_a_damaged_journal_line_loses_only_itself(tmp_path: Path) -> None:
 
 
 def test_a_line_whose_check_fails_is_skipped(tmp_path: Path) -> None:
-    path = tmp_path / "state.json"
-    sf = StateFile(path)
-    state = sample()
-    sf.save(state)
-    state.rules_digest = "a"
-    sf.save(state)
+    path, sf, _ = _journalled(tmp_path, "a")
     text = sf.journal.read_text()
     assert '"a"' in text
     for damaged in (
@@ -571,12 +568,7 @@ def test_an_append_cut_short_by_a_full_disk_loses_no_later_line(
 
 
 def test_an_append_after_a_torn_line_starts_on_a_new_line(tmp_path: Path) -> None:
-    path = tmp_path / "state.json"
-    sf = StateFile(path)
-    state = sample()
-    sf.save(state)
-    state.rules_digest = "one"
-    sf.save(state)
+    path, sf, state = _journalled(tmp_path, "one")
     with sf.journal.open("a") as f:  # a line cut short behind the writer's back
         f.write('{"gen": "x", "rules": ["tw')
     state.rules_digest = "two"
