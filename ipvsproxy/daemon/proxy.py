@@ -112,8 +112,11 @@ class Proxy:
         )
         self.sync_lock = threading.Lock()
         self.last_sync: float | None = None  # wall time of the last sync that ran to its end
-        # Nothing synced yet: nothing desired.
-        self.status = StatusCopy(dataplane.node.name, DesiredView({}, {}, {}), None, {}, {}, None)
+        # What /status shows: a copy taken under the sync lock when asked for after a sync
+        # ended (``syncs`` counts them; ``copied``: the count it was taken at), never during
+        # one. Nothing synced yet: nothing desired.
+        self._status = StatusCopy(dataplane.node.name, DesiredView({}, {}, {}), None, {}, {}, None)
+        self._syncs, self._copied = 0, 0
 
     # -- events ------------------------------------------------------------------------------
 
@@ -217,7 +220,7 @@ class Proxy:
                 # As upstream: marks the proxier updated and clears what was queued.
                 self.last_sync = done
                 self.health.updated(done)
-            self.status = self._copy_status()
+            self._syncs += 1
         self._health_checks()
         return result
 
@@ -256,8 +259,20 @@ class Proxy:
 
     # -- status ------------------------------------------------------------------------------
 
+    @property
+    def status(self) -> StatusCopy:
+        """The status as of the last sync that ended: copied at the first request after it,
+        under the sync lock; while a sync holds the lock, the copy taken before, at once (a
+        request never waits for a sync, and a sync waits at most for one copy)."""
+        if self._copied != self._syncs and self.sync_lock.acquire(blocking=False):
+            try:
+                self._status, self._copied = self._copy_status(), self._syncs
+            finally:
+                self.sync_lock.release()
+        return self._status
+
     def _copy_status(self) -> StatusCopy:
-        """The copy ``status_document`` reads (under the sync lock, or before syncs start)."""
+        """The copy ``status_document`` reads (under the sync lock)."""
         desired = self.dp.desired_view()
         return StatusCopy(
             node=self.dp.node.name,
